@@ -1,0 +1,14 @@
+"""Benchmarks behind `tracerl bench NAME`: each prints one JSON line with measured ratios and
+`target_met`, measured side by side in one run (never timed assertions in tests)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def run_benchmark(name: str, args: argparse.Namespace) -> int:
+    if name == "engine":
+        from tracerl.bench.engine import main
+
+        return main(args)
+    raise ValueError(f"unknown benchmark {name!r}")

@@ -1,0 +1,152 @@
+"""`tracerl bench engine`: the embedded engine against transformers' `generate()`.
+
+Same model object, prompts, sampling settings (temperature 0.7, no top-p/top-k) and output lengths
+on both sides, in one run:
+- 1 concurrent request: requests one after another; `generate()` gets each request alone.
+- 16 concurrent requests: a stream of requests with output lengths spread 10x, at most 16 in
+  flight. The engine refills its batch as requests finish; `generate()` takes them 16 at a time,
+  each batch left-padded and run to its longest output (EOS disabled on both sides so every request
+  produces exactly its length).
+
+Throughput counts requested tokens only (what a caller receives) per wall-clock second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from typing import Any
+
+import torch
+
+from tracerl.config import EngineConfig
+from tracerl.engine.local import LocalEngine
+from tracerl.engine.types import GenerateRequest
+from tracerl.models import load_model_and_tokenizer
+
+TEMPERATURE = 0.7
+TARGET_C16 = 1.5
+TARGET_C1 = 0.9
+QUESTIONS = [
+    "Explain why the sky is blue.",
+    "Write a short poem about autumn leaves falling in a quiet park.",
+    "What is 17 times 23?",
+    "List three uses of a paperclip.",
+    "Describe how a bicycle works to a child who has never seen one before.",
+    "Translate 'good morning' into French, Spanish and German.",
+    "Why do cats purr?",
+    "Summarise the plot of a detective story in two sentences, including the twist at the end.",
+]
+
+
+def _workload(tokenizer: Any, n: int, lengths: tuple[int, int], seed: int) -> list[tuple]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if not isinstance(ids, list):
+            ids = list(ids["input_ids"])
+        out.append((ids, rng.randint(*lengths)))
+    return out
+
+
+def _hf_generate(model: Any, tokenizer: Any, batch: list[tuple]) -> int:
+    """One `generate()` call over `batch`, left-padded, run to the longest requested length."""
+    width = max(len(ids) for ids, _ in batch)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids, _ in batch])
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _ in batch])
+    longest = max(n for _, n in batch)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=TEMPERATURE,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=longest,
+            min_new_tokens=longest,
+            pad_token_id=pad,
+        )
+    assert out.shape[1] - width == longest
+    return sum(n for _, n in batch)
+
+
+def _run_generate(model: Any, tokenizer: Any, work: list[tuple], concurrency: int) -> float:
+    started = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(work), concurrency):
+        tokens += _hf_generate(model, tokenizer, work[i : i + concurrency])
+    return tokens / (time.perf_counter() - started)
+
+
+async def _run_engine(engine: LocalEngine, work: list[tuple], concurrency: int) -> float:
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(i: int, ids: list[int], n: int) -> int:
+        async with limit:
+            req = GenerateRequest(
+                input_ids=ids,
+                sampling_params={
+                    "max_new_tokens": n,
+                    "temperature": TEMPERATURE,
+                    "ignore_eos": True,
+                    "seed": i,
+                },
+            )
+            out = await engine.generate(req)
+            assert len(out.output_ids) == n, (len(out.output_ids), n)
+            return n
+
+    started = time.perf_counter()
+    counts = await asyncio.gather(*(one(i, ids, n) for i, (ids, n) in enumerate(work)))
+    return sum(counts) / (time.perf_counter() - started)
+
+
+async def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    lengths = (8, 80) if args.quick else (16, 160)
+    n_seq, n_conc = (3, 32) if args.quick else (6, args.requests)
+    seq_work = _workload(tokenizer, n_seq, lengths, seed=1)
+    conc_work = _workload(tokenizer, n_conc, lengths, seed=2)
+    engine = LocalEngine(
+        EngineConfig(model=args.model, max_running_requests=16), model=model, tokenizer=tokenizer
+    )
+    async with engine:
+        warm = seq_work[:1]
+        await _run_engine(engine, [(ids, 8) for ids, _ in warm], 1)
+        _run_generate(model, tokenizer, [(ids, 8) for ids, _ in warm], 1)
+        results: dict[str, Any] = {}
+        for label, work, conc in (("c1", seq_work, 1), ("c16", conc_work, 16)):
+            engine_tps = await _run_engine(engine, work, conc)
+            generate_tps = _run_generate(model, tokenizer, work, conc)
+            results[label] = {
+                "requests": len(work),
+                "tokens": sum(n for _, n in work),
+                "engine_tokens_per_s": round(engine_tps, 2),
+                "generate_tokens_per_s": round(generate_tps, 2),
+                "ratio": round(engine_tps / generate_tps, 3),
+            }
+        stats = engine.stats()
+    return {
+        "benchmark": "engine",
+        "model": args.model,
+        "threads": torch.get_num_threads(),
+        "output_lengths": list(lengths),
+        **results,
+        "preemptions": stats.preemptions_total,
+        "targets": {"c16_ratio_min": TARGET_C16, "c1_ratio_min": TARGET_C1},
+        "target_met": results["c16"]["ratio"] >= TARGET_C16 and results["c1"]["ratio"] >= TARGET_C1,
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    result = asyncio.run(_measure(args))
+    print(json.dumps(result), flush=True)
+    return 0

@@ -1,0 +1,143 @@
+"""`tracerl` command dispatch: parse arguments, validate config, then lazily import the work."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from tracerl.config import ConfigError, EngineCommandConfig, field_help, load_config
+
+BENCHMARKS = ("engine",)
+
+
+def _config_epilog(cls: Any) -> str:
+    rows = field_help(cls)
+    width = max(len(path) for path, *_ in rows)
+    lines = ["configuration (set in the TOML file or as --KEY.PATH=VALUE):"]
+    for path, type_name, default, doc in rows:
+        default_text = f" [default: {default}]" if default else ""
+        lines.append(f"  {path:<{width}}  {type_name}{default_text}")
+        if doc:
+            lines.append(f"  {'':<{width}}    {' '.join(doc.split())}")
+    return "\n".join(lines)
+
+
+def _split_overrides(parser: argparse.ArgumentParser, extra: list[str]) -> list[str]:
+    """Accept `--a.b=v` and `--a.b v`; anything else is an unknown argument."""
+    overrides, i = [], 0
+    while i < len(extra):
+        arg = extra[i]
+        if arg.startswith("--") and "." in arg.split("=", 1)[0]:
+            if "=" not in arg:
+                if i + 1 >= len(extra):
+                    parser.error(f"override {arg} needs a value")
+                arg, i = f"{arg}={extra[i + 1]}", i + 1
+            overrides.append(arg[2:])
+        else:
+            parser.error(f"unrecognized argument: {arg}")
+        i += 1
+    return overrides
+
+
+def _engine_config(args: argparse.Namespace, overrides: list[str]) -> EngineCommandConfig:
+    base: dict[str, Any] = {"engine": {}, "server": {}}
+    if args.model is not None:
+        base["engine"]["model"] = args.model
+    if args.host is not None:
+        base["server"]["host"] = args.host
+    if args.port is not None:
+        base["server"]["port"] = args.port
+    return load_config(EngineCommandConfig, args.config, overrides, base=base)
+
+
+def _cmd_engine(args: argparse.Namespace, overrides: list[str]) -> int:
+    config = _engine_config(args, overrides)
+    from tracerl.cli.serve import run_engine
+
+    return run_engine(config)
+
+
+def _cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
+    config = _engine_config(args, overrides)
+    from tracerl.cli.serve import run_serve
+
+    return run_serve(config, demo=args.demo, prompt=args.prompt)
+
+
+def _cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"bench takes no overrides, got {overrides}")
+    from tracerl.bench import run_benchmark
+
+    return run_benchmark(args.name, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tracerl", description="Reinforcement learning for LLM agents from recorded traces."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    fmt = argparse.RawDescriptionHelpFormatter
+    epilog = _config_epilog(EngineCommandConfig)
+
+    engine = sub.add_parser(
+        "engine",
+        help="serve one inference engine (engine wire protocol)",
+        epilog=epilog,
+        formatter_class=fmt,
+    )
+    serve = sub.add_parser(
+        "serve",
+        help="embedded engine in one command, for trying a model by hand",
+        description="Start the embedded engine and answer a chat request printed by the command.",
+        epilog=epilog,
+        formatter_class=fmt,
+    )
+    for p in (engine, serve):
+        p.add_argument("config", nargs="?", help="TOML config file")
+        p.add_argument("--model", help="local HF directory or built-in name (smollm2-135m, tiny)")
+        p.add_argument("--host", help="interface to bind (default 127.0.0.1)")
+        p.add_argument("--port", type=int, help="TCP port (0 picks a free one)")
+    engine.set_defaults(func=_cmd_engine)
+    serve.add_argument(
+        "--demo", action="store_true", help="answer one chat request, print it, and exit"
+    )
+    serve.add_argument(
+        "--prompt",
+        default="What is the capital of France? Answer in one sentence.",
+        help="the chat message of the printed request",
+    )
+    serve.set_defaults(func=_cmd_serve)
+
+    bench = sub.add_parser("bench", help="run a benchmark; the last line is one JSON object")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("--model", default="smollm2-135m", help="model to benchmark")
+    bench.add_argument("--requests", type=int, default=48, help="requests in the 16-concurrent run")
+    bench.add_argument("--quick", action="store_true", help="a small, fast configuration")
+    bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    func: Callable[[argparse.Namespace, list[str]], int] = args.func
+    try:
+        return func(args, _split_overrides(parser, extra))
+    except ConfigError as e:
+        print(f"tracerl: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Configuration: pydantic models for every component, TOML loading and dotted overrides.
+
+This package must never import torch: the CLI parses and validates configuration before any heavy
+import, so a typo fails in well under a second.
+"""
+
+from tracerl.config.base import Config, ConfigError, field_help, load_config, parse_overrides
+from tracerl.config.engine import EngineCommandConfig, EngineConfig, ServerConfig
+
+__all__ = [
+    "Config",
+    "ConfigError",
+    "EngineCommandConfig",
+    "EngineConfig",
+    "ServerConfig",
+    "field_help",
+    "load_config",
+    "parse_overrides",
+]

@@ -1,0 +1,179 @@
+"""A batched forward pass over a Hugging Face Llama-family model with a slot KV cache.
+
+Owns the tensor work of the embedded engine and nothing else (no scheduling, no sampling). One
+`forward` call decodes one new token for each of the first `n` slots and prefills any number of
+new sequences (causal attention, K/V written into their slots) in the same pass.
+
+The cache is one tensor per layer, `[slots, kv_heads, capacity, head_dim]`. Running sequences
+occupy slots `0..n-1` (the scheduler compacts on release), so a decode step reads a plain view with
+no gather, and a boolean mask hides each row's unused tail. Capacity grows by doubling up to the
+context length, so memory follows the longest running sequence rather than the worst case.
+
+The layers' own modules (projections, norms, MLP, rotary table) do the math, so numbers match the
+model's reference forward to float tolerance. Supported: Llama, Mistral (without sliding window),
+Qwen2 and Qwen3 layouts; other architectures belong on vLLM or SGLang.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Starting per-slot capacity: large enough that short chats never reallocate.
+INITIAL_CAPACITY = 256
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+class ModelRunner:
+    def __init__(self, model: Any, max_slots: int, max_model_len: int) -> None:
+        config = model.config
+        if config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"the embedded engine runs {', '.join(SUPPORTED_MODEL_TYPES)} models, not "
+                f"{config.model_type!r}; serve it with vLLM or SGLang"
+            )
+        self.model = model
+        self.body = model.model
+        self.layers = list(model.model.layers)
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.group = self.num_heads // self.num_kv_heads
+        self.max_slots = max_slots
+        self.max_model_len = max_model_len
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.capacity = min(INITIAL_CAPACITY, max_model_len)
+        self.k_cache = [self._empty(self.capacity) for _ in self.layers]
+        self.v_cache = [self._empty(self.capacity) for _ in self.layers]
+        with torch.inference_mode():
+            positions = torch.arange(max_model_len, device=self.device)[None]  # [1, L]
+            probe = torch.zeros(1, device=self.device, dtype=self.dtype)
+            cos, sin = self.body.rotary_emb(probe, positions)
+        self.cos, self.sin = cos[0], sin[0]  # [L, head_dim]
+        self._arange = torch.arange(max(max_model_len, max_slots), device=self.device)
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+
+    def _empty(self, capacity: int) -> torch.Tensor:
+        shape = (self.max_slots, self.num_kv_heads, capacity, self.head_dim)
+        return torch.zeros(shape, device=self.device, dtype=self.dtype)
+
+    @torch.inference_mode()
+    def ensure_capacity(self, length: int) -> None:
+        """Make every slot hold at least `length` tokens (copying the live prefix)."""
+        if length <= self.capacity:
+            return
+        new = self.capacity
+        while new < length:
+            new *= 2
+        new = min(new, self.max_model_len)
+        for cache in (self.k_cache, self.v_cache):
+            for i, old in enumerate(cache):
+                grown = self._empty(new)
+                grown[:, :, : self.capacity] = old
+                cache[i] = grown
+        self.capacity = new
+
+    @torch.inference_mode()
+    def shrink(self) -> None:
+        """Release grown cache memory; only valid while no sequence is running."""
+        if self.capacity > INITIAL_CAPACITY:
+            self.capacity = min(INITIAL_CAPACITY, self.max_model_len)
+            self.k_cache = [self._empty(self.capacity) for _ in self.layers]
+            self.v_cache = [self._empty(self.capacity) for _ in self.layers]
+
+    @torch.inference_mode()
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        for cache in (self.k_cache, self.v_cache):
+            for layer_cache in cache:
+                layer_cache[dst, :, :length] = layer_cache[src, :, :length]
+
+    def _qkv(self, layer: Any, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        attn = layer.self_attn
+        b, t, _ = h.shape
+        q = attn.q_proj(h).view(b, t, self.num_heads, self.head_dim)
+        k = attn.k_proj(h).view(b, t, self.num_kv_heads, self.head_dim)
+        v = attn.v_proj(h).view(b, t, self.num_kv_heads, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises per head before the rotation
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, heads, T, D]
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _mlp_residual(self, layer: Any, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        x = x + layer.self_attn.o_proj(attn_out)
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        decode_tokens: torch.Tensor,
+        decode_positions: torch.Tensor,
+        prefills: list[tuple[int, torch.Tensor]],
+    ) -> torch.Tensor:
+        """One mixed step: a new token for each of slots `0..n-1`, and whole prefixes for
+        `prefills` (`(slot, ids)`, slots `>= n`). Returns logits `[n + len(prefills), V]`: the
+        decode rows, then each prefix's last position.
+
+        Projections and MLPs run once over all tokens (one large matmul beats a small decode
+        matmul plus separate prefill matmuls on a CPU); only attention is split by sequence.
+        """
+        n = decode_tokens.shape[0]
+        lengths = [int(ids.shape[0]) for _, ids in prefills]
+        longest = max([int(decode_positions.max()) + 1 if n else 0, *lengths])
+        self.ensure_capacity(longest)
+        positions = torch.cat([decode_positions, *(self._arange[:t] for t in lengths)])
+        tokens = torch.cat([decode_tokens, *(ids for _, ids in prefills)])
+        x = self.body.embed_tokens(tokens[None])  # [1, N, H]
+        cos, sin = self.cos[positions], self.sin[positions]  # [N, D]
+        if n:
+            rows = self._arange[:n]
+            decode_len = int(decode_positions.max()) + 1
+            visible = self._arange[None, :decode_len] <= decode_positions[:, None]
+            mask = visible[:, None, None, :]  # [n, 1, 1, L]
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(x))  # [1, heads, N, D]
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            parts = []
+            if n:
+                # Decode rows: write the new K/V, attend over each slot's cached prefix.
+                self.k_cache[i][rows, :, decode_positions] = k[0, :, :n].transpose(0, 1)
+                self.v_cache[i][rows, :, decode_positions] = v[0, :, :n].transpose(0, 1)
+                keys = self.k_cache[i][:n, :, :decode_len]  # [n, kv_heads, L, D]
+                values = self.v_cache[i][:n, :, :decode_len]
+                # Query heads sharing a KV head act as that head's query positions: no KV copy.
+                grouped = q[0, :, :n].transpose(0, 1).reshape(n, self.num_kv_heads, self.group, -1)
+                out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
+                parts.append(out.reshape(n, -1))  # [n, heads * D]
+            start = n
+            for (slot, _), t in zip(prefills, lengths, strict=True):
+                qs, ks, vs = (z[:, :, start : start + t] for z in (q, k, v))
+                self.k_cache[i][slot, :, :t] = ks[0]
+                self.v_cache[i][slot, :, :t] = vs[0]
+                out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+                parts.append(out[0].transpose(0, 1).reshape(t, -1))  # [t, heads * D]
+                start += t
+            attn = torch.cat(parts)[None] if len(parts) > 1 else parts[0][None]  # [1, N, heads*D]
+            x = self._mlp_residual(layer, x, attn)
+        ends = torch.tensor(lengths, dtype=torch.long, device=self.device).cumsum(0) + n - 1
+        last = torch.cat([self._arange[:n], ends])
+        return self.model.lm_head(self.body.norm(x[0, last])).float()  # [n + m, V]
+
+    def prefill(self, slot: int, input_ids: torch.Tensor) -> torch.Tensor:
+        """One sequence's full prefix into `slot`; the last position's logits `[V]`."""
+        empty = torch.empty(0, dtype=torch.long, device=self.device)
+        return self.forward(empty, empty, [(slot, input_ids)])[0]
+
+    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One step for slots `0..n-1`: token `i` sits at `positions[i]`; logits `[n, V]`."""
+        return self.forward(token_ids, positions, [])

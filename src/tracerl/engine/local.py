@@ -1,0 +1,563 @@
+"""The embedded engine: continuous batching over a slot KV cache, in this process.
+
+It owns scheduling and nothing about sessions or RL. One scheduler thread runs the model; the
+asyncio side only submits requests and commands and receives token events, so the event loop (and
+the HTTP server on it) stays responsive while the model computes.
+
+Each scheduler iteration:
+1. applies commands (abort, pause, resume, weight updates) at the step boundary;
+2. preempts the most recently admitted running requests while the budget cannot hold one more
+   token for each (they go back to the front of the queue and are recomputed later: the tokens
+   they already sampled, and their log-probs, are kept);
+3. admits waiting requests while a slot is free and the KV token budget has room for their
+   prefix plus this step's decode writes;
+4. runs one forward pass that decodes a token for every running request and prefills the admitted
+   ones, samples every row, and releases finished requests.
+
+Requests therefore join and leave the batch at every step, and no compute is spent on padding or
+on finished rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tracerl.config import EngineConfig
+from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
+from tracerl.engine.forward import ModelRunner
+from tracerl.engine.metrics import render_metrics
+from tracerl.engine.protocol import PauseMode
+from tracerl.engine.sampling import RowSampling, sample
+from tracerl.engine.types import (
+    EngineStats,
+    FinishType,
+    GenerateOutput,
+    GenerateRequest,
+    RequestError,
+)
+from tracerl.engine.weights import copy_weights, read_weights_dir
+
+log = logging.getLogger(__name__)
+
+# How long the idle scheduler sleeps between checks; new work wakes it at once.
+IDLE_WAIT_S = 0.5
+# Prefill tokens folded into one step: enough to admit a burst of chat prompts at once, small
+# enough that running requests do not stall for long behind a wave of new ones.
+PREFILL_TOKENS_PER_STEP = 2048
+# A health probe that cannot produce one token in this time reports the engine unhealthy.
+HEALTH_GENERATE_TIMEOUT_S = 60.0
+
+
+class EngineError(RuntimeError):
+    """The engine failed while running a request (the request gets no result)."""
+
+
+@dataclass
+class _Sequence:
+    rid: str
+    prompt: list[int]
+    max_new: int
+    stop_ids: frozenset[int]
+    sampling: RowSampling
+    generator: torch.Generator
+    emit: Callable[[Any], None]
+    admit_order: int = -1
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    emitted: int = 0
+    kv_len: int = 0
+    finish: FinishType | None = None
+    matched: int | None = None
+    prompt_counted: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+
+@dataclass
+class _Command:
+    apply: Callable[[], Any]
+    done: Callable[[Any, BaseException | None], None]
+
+
+class LocalEngine:
+    """Engine protocol implementation running a Hugging Face model in this process."""
+
+    def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None) -> None:
+        self.config = config
+        device = config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = {
+            "float32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "float16": torch.float16,
+        }.get(config.dtype)
+        if dtype is None:
+            dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        if model is None or tokenizer is None:
+            from tracerl.models import load_model_and_tokenizer
+
+            model, tokenizer = load_model_and_tokenizer(config.model, device, dtype)
+        self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
+        self.model_name = config.model
+        native_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        self.max_model_len = config.max_model_len or native_len
+        if native_len and self.max_model_len > native_len:
+            raise RequestError(
+                "engine.max_model_len",
+                f"{self.max_model_len} exceeds the model's {native_len} positions",
+            )
+        self.runner = ModelRunner(model, config.max_running_requests, self.max_model_len)
+        self.embedding_size = int(model.get_input_embeddings().num_embeddings)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.weight_version = 0
+        self._seed_stream = torch.Generator().manual_seed(config.seed)
+        self._admit_counter = itertools.count()
+        # Shared with the asyncio side, guarded by `_cond`.
+        self._cond = threading.Condition()
+        self._inbox: list[_Sequence] = []
+        self._commands: list[_Command] = []
+        self._stats = EngineStats(
+            kv_capacity_tokens=config.kv_cache_tokens, max_model_len=self.max_model_len
+        )
+        self._stopping = False
+        # Owned by the scheduler thread.
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []  # index == KV slot
+        self._pause_mode: PauseMode | None = None
+        self._in_flight: set[str] = set()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="tracerl-engine", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+        await self.abort(abort_all=True)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+
+    async def __aenter__(self) -> LocalEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---------------------------------------------------------------- requests
+
+    def _prepare(self, request: GenerateRequest, emit: Callable[[Any], None]) -> _Sequence:
+        ids = request.input_ids
+        bad = next((i for i in ids if not 0 <= i < self.embedding_size), None)
+        if bad is not None:
+            raise RequestError(
+                "input_ids", f"token id {bad} is outside the embedding [0, {self.embedding_size})"
+            )
+        room = min(self.max_model_len, self.config.kv_cache_tokens) - len(ids)
+        if room < 1:
+            raise RequestError(
+                "input_ids",
+                f"prompt of {len(ids)} tokens leaves no room for a completion in the context "
+                f"({self.max_model_len} tokens) and KV budget ({self.config.kv_cache_tokens})",
+            )
+        sp = request.sampling_params
+        if sp.max_new_tokens is not None and sp.max_new_tokens > room:
+            raise RequestError(
+                "sampling_params.max_new_tokens",
+                f"{sp.max_new_tokens} + a prompt of {len(ids)} tokens exceeds the context "
+                f"({self.max_model_len} tokens) or KV budget ({self.config.kv_cache_tokens})",
+            )
+        max_new = sp.max_new_tokens or min(room, self.config.default_max_new_tokens)
+        seed = sp.seed
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_stream))
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
+        return _Sequence(
+            rid=request.rid,
+            prompt=list(ids),
+            max_new=max_new,
+            stop_ids=frozenset(stops),
+            sampling=RowSampling(sp.temperature, sp.top_p, sp.top_k),
+            generator=generator,
+            emit=emit,
+        )
+
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+        return self._chunks(request, detokenize=True)
+
+    async def _chunks(
+        self, request: GenerateRequest, detokenize: bool
+    ) -> AsyncIterator[GenerateOutput]:
+        await self.start()
+        assert self._loop is not None
+        if request.rid in self._in_flight:
+            raise RequestError("rid", f"a request with rid {request.rid!r} is already running")
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        loop = self._loop
+
+        def emit(event: Any) -> None:
+            # A closed event loop means nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        seq = self._prepare(request, emit)
+        self._in_flight.add(seq.rid)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        finished = False
+        try:
+            with self._cond:
+                self._inbox.append(seq)
+                self._cond.notify_all()
+            while not finished:
+                event = await queue.get()
+                if isinstance(event, BaseException):
+                    raise event
+                chunk: GenerateOutput = event
+                finished = chunk.finish_reason is not None
+                if detokenize:
+                    chunk.text = detok.add(chunk.output_ids) + (detok.flush() if finished else "")
+                yield chunk
+        finally:
+            self._in_flight.discard(seq.rid)
+            if not finished:  # the consumer went away: stop spending compute on it
+                self._enqueue(_Command(lambda: self._abort_now({seq.rid}), lambda *_: None))
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        ids: list[int] = []
+        logprobs: list[float] = []
+        last: GenerateOutput | None = None
+        async for chunk in self._chunks(request, detokenize=False):
+            ids.extend(chunk.output_ids)
+            logprobs.extend(chunk.output_logprobs)
+            last = chunk
+        assert last is not None and last.finish_reason is not None
+        last.output_ids, last.output_logprobs = ids, logprobs
+        last.text = safe_decode(self.tokenizer, ids, skip_special_tokens=True)
+        return last
+
+    # ---------------------------------------------------------------- commands
+
+    def _enqueue(self, command: _Command) -> None:
+        with self._cond:
+            self._commands.append(command)
+            self._cond.notify_all()
+
+    async def _call(self, apply: Callable[[], Any]) -> Any:
+        """Run `apply` on the scheduler thread at the next step boundary; return its result."""
+        await self.start()
+        assert self._loop is not None
+        loop = self._loop
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def done(result: Any, error: BaseException | None) -> None:
+            def settle() -> None:
+                if future.done():
+                    return
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+
+            loop.call_soon_threadsafe(settle)
+
+        self._enqueue(_Command(apply, done))
+        return await future
+
+    async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
+        if not abort_all and rid is None:
+            raise RequestError("rid", "give a rid or abort_all")
+        return int(await self._call(lambda: self._abort_now(None if abort_all else {rid})))
+
+    async def pause(self, mode: PauseMode = "in_place") -> None:
+        await self._call(lambda: self._pause_now(mode))
+
+    async def resume(self) -> None:
+        await self._call(self._resume_now)
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
+        path = Path(model_path)
+
+        def apply() -> None:
+            self._load_weights(read_weights_dir(path), weight_version)
+
+        await self._call(apply)
+
+    async def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], weight_version: int
+    ) -> None:
+        """In-process weight update (no disk round trip), applied at a step boundary."""
+        tensors = dict(named_tensors)
+        await self._call(lambda: self._load_weights(tensors, weight_version))
+
+    async def health(self) -> bool:
+        return self._thread is None or self._thread.is_alive()
+
+    async def health_generate(self) -> bool:
+        if self._pause_mode is not None:
+            return False
+        probe = GenerateRequest(
+            rid=f"health-{time.monotonic_ns()}",
+            input_ids=[self.eos_ids_sorted()[0]],
+            sampling_params={"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True},
+        )
+        try:
+            out = await asyncio.wait_for(self.generate(probe), HEALTH_GENERATE_TIMEOUT_S)
+        except (TimeoutError, EngineError):
+            return False
+        return len(out.output_ids) == 1
+
+    def eos_ids_sorted(self) -> list[int]:
+        return sorted(self.eos_ids) or [0]
+
+    async def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_name,
+            "is_generation": True,
+            "max_model_len": self.max_model_len,
+            "vocab_size": len(self.tokenizer),
+            "embedding_size": self.embedding_size,
+            "eos_token_ids": self.eos_ids_sorted(),
+            "weight_version": self.weight_version,
+            "kv_cache_tokens": self.config.kv_cache_tokens,
+            "max_running_requests": self.config.max_running_requests,
+            "device": str(self.device),
+            "dtype": str(self.runner.dtype).removeprefix("torch."),
+            "paused": self._pause_mode,
+        }
+
+    def stats(self) -> EngineStats:
+        with self._cond:
+            snapshot = EngineStats(**vars(self._stats))
+            snapshot.finished_total = dict(self._stats.finished_total)
+            return snapshot
+
+    async def metrics_text(self) -> str:
+        return render_metrics(self.stats(), self.model_name)
+
+    # ---------------------------------------------------------------- scheduler thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                commands, self._commands = self._commands, []
+                self._waiting.extend(self._inbox)
+                self._inbox = []
+                if self._stopping and not commands:
+                    return
+            outcomes: list[tuple[Any, BaseException | None]] = []
+            for command in commands:
+                try:
+                    outcomes.append((command.apply(), None))
+                except BaseException as e:  # reported to the caller, never swallowed
+                    outcomes.append((None, e))
+            if commands:
+                self._publish_stats()  # callers see the state their command produced
+            for command, (result, error) in zip(commands, outcomes, strict=True):
+                command.done(result, error)
+            try:
+                progressed = self._step()
+            except Exception as e:
+                log.exception("engine step failed; failing the running requests")
+                self._fail_running(EngineError(f"engine step failed: {e!r}"))
+                progressed = True
+            self._publish_stats()
+            if not progressed:
+                with self._cond:
+                    if not (self._commands or self._inbox or self._stopping):
+                        self._cond.wait(IDLE_WAIT_S)
+
+    def _step(self) -> bool:
+        if self._pause_mode is not None:
+            return False
+        self._make_room_for_decode()
+        decoding = list(self._running)  # every running sequence has one token to feed
+        admitted = self._admit()
+        if not decoding and not admitted:
+            if not self._waiting:
+                self.runner.shrink()
+            return False
+        tokens = torch.tensor([s.output[-1] for s in decoding], dtype=torch.long,
+                              device=self.device)
+        positions = torch.tensor([s.kv_len for s in decoding], dtype=torch.long,
+                                 device=self.device)
+        prefills = [(len(decoding) + j, torch.tensor(s.tokens, device=self.device))
+                    for j, s in enumerate(admitted)]
+        logits = self.runner.forward(tokens, positions, prefills)
+        for seq in decoding:
+            seq.kv_len += 1
+        for seq in admitted:
+            seq.kv_len = len(seq.tokens)
+        self._accept(decoding + admitted, logits)
+        return True
+
+    def _kv_used(self) -> int:
+        return sum(s.kv_len for s in self._running)
+
+    def _admit(self) -> list[_Sequence]:
+        """Take waiting sequences into free slots while the KV budget holds their prefix plus
+        one decode write for every running sequence, up to `PREFILL_TOKENS_PER_STEP` (the first
+        one always fits, so a long prompt is never starved)."""
+        admitted: list[_Sequence] = []
+        budget = self.config.kv_cache_tokens
+        kv_after_step = self._kv_used() + len(self._running)
+        prefill_tokens = 0
+        while self._waiting and len(self._running) < self.runner.max_slots:
+            seq = self._waiting[0]
+            need = len(seq.tokens) + 1
+            if kv_after_step + need > budget:
+                break
+            if admitted and prefill_tokens + len(seq.tokens) > PREFILL_TOKENS_PER_STEP:
+                break
+            self._waiting.popleft()
+            self._running.append(seq)
+            seq.admit_order = next(self._admit_counter)
+            kv_after_step += need
+            prefill_tokens += len(seq.tokens)
+            if not seq.prompt_counted:
+                seq.prompt_counted = True
+                self._stats_add(prompt=len(seq.prompt))
+            admitted.append(seq)
+        return admitted
+
+    def _make_room_for_decode(self) -> None:
+        budget = self.config.kv_cache_tokens
+        while len(self._running) > 1 and self._kv_used() + len(self._running) > budget:
+            victim = max(self._running, key=lambda s: s.admit_order)
+            self._release(victim)
+            victim.kv_len = 0
+            self._waiting.appendleft(victim)
+            self._stats_add(preemptions=1)
+
+    def _accept(self, batch: list[_Sequence], logits: torch.Tensor) -> None:
+        tokens, logprobs = sample(logits, [s.sampling for s in batch], [s.generator for s in batch])
+        for seq, token, logprob in zip(batch, tokens, logprobs, strict=True):
+            seq.output.append(token)
+            seq.logprobs.append(logprob)
+            if token in seq.stop_ids:
+                seq.finish, seq.matched = "stop", token
+            elif len(seq.output) >= seq.max_new or len(seq.tokens) >= self.max_model_len:
+                seq.finish = "length"
+        self._stats_add(generated=len(batch))
+        for seq in batch:
+            self._emit(seq)
+            if seq.finish is not None:
+                self._release(seq)
+
+    def _emit(self, seq: _Sequence) -> None:
+        new_ids, new_lps = seq.output[seq.emitted :], seq.logprobs[seq.emitted :]
+        seq.emitted = len(seq.output)
+        seq.emit(
+            GenerateOutput(
+                rid=seq.rid,
+                output_ids=new_ids,
+                output_logprobs=new_lps,
+                prompt_tokens=len(seq.prompt),
+                completion_tokens=len(seq.output),
+                weight_version=self.weight_version,
+                finish_reason=seq.finish,
+                matched_stop=seq.matched,
+            )
+        )
+        if seq.finish is not None:
+            with self._cond:
+                finished = self._stats.finished_total
+                finished[seq.finish] = finished.get(seq.finish, 0) + 1
+
+    def _release(self, seq: _Sequence) -> None:
+        """Free `seq`'s slot, moving the last running sequence into it to keep slots compact."""
+        slot = self._running.index(seq)
+        last = len(self._running) - 1
+        if slot != last:
+            moved = self._running[last]
+            self.runner.move_slot(last, slot, moved.kv_len)
+            self._running[slot] = moved
+        self._running.pop()
+
+    def _abort_now(self, rids: set[str] | None) -> int:
+        count = 0
+        for seq in [*self._running, *self._waiting]:
+            if rids is None or seq.rid in rids:
+                seq.finish = "abort"
+                self._emit(seq)
+                if seq in self._running:
+                    self._release(seq)
+                else:
+                    self._waiting.remove(seq)
+                count += 1
+        return count
+
+    def _pause_now(self, mode: PauseMode) -> None:
+        if mode not in ("in_place", "retract", "abort"):
+            raise RequestError("mode", f"expected in_place, retract or abort, got {mode!r}")
+        if mode == "abort":
+            self._abort_now(None)
+        elif mode == "retract":
+            for seq in sorted(self._running, key=lambda s: s.admit_order, reverse=True):
+                self._release(seq)
+                seq.kv_len = 0
+                self._waiting.appendleft(seq)
+        self._pause_mode = mode
+
+    def _resume_now(self) -> None:
+        self._pause_mode = None
+
+    def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
+        copy_weights(self.model, tensors)
+        self.weight_version = version
+
+    def _fail_running(self, error: EngineError) -> None:
+        for seq in list(self._running):
+            seq.emit(error)
+            self._running.remove(seq)
+
+    def _stats_add(self, prompt: int = 0, generated: int = 0, preemptions: int = 0) -> None:
+        with self._cond:
+            self._stats.prompt_tokens_total += prompt
+            self._stats.generation_tokens_total += generated
+            self._stats.preemptions_total += preemptions
+
+    def _publish_stats(self) -> None:
+        with self._cond:
+            s = self._stats
+            s.running = len(self._running)
+            s.waiting = len(self._waiting) + len(self._inbox)
+            s.kv_used_tokens = self._kv_used()
+            s.weight_version = self.weight_version
+            s.paused = self._pause_mode is not None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list | tuple):
+            ids.update(int(i) for i in source)
+    return ids

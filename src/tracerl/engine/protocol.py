@@ -1,0 +1,46 @@
+"""The `Engine` protocol: what the gateway and the engine pool need from any inference engine.
+
+The embedded `LocalEngine`, the HTTP `EngineClient` (for engines in other processes, including
+SGLang servers) and the simulated engine all implement it, so callers never care where tokens come
+from. The HTTP server exposes any `Engine` on the wire protocol of ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from tracerl.engine.types import GenerateOutput, GenerateRequest
+
+PauseMode = Literal["in_place", "retract", "abort"]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        """Run one request to completion (stop, length or abort)."""
+        ...
+
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+        """Yield chunks of new tokens; the last chunk carries the finish reason."""
+        ...
+
+    async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
+        """Abort one request or all; aborted requests finish with their partial output."""
+        ...
+
+    async def pause(self, mode: PauseMode = "in_place") -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None: ...
+
+    async def health(self) -> bool: ...
+
+    async def health_generate(self) -> bool: ...
+
+    async def model_info(self) -> dict[str, Any]: ...
+
+    async def metrics_text(self) -> str:
+        """Prometheus text with vLLM's metric names."""
+        ...

@@ -1,0 +1,128 @@
+"""The engine wire protocol's request and reply shapes (SGLang-native), validated with pydantic.
+
+A request that fails validation is answered with HTTP 400 and an error naming the field, e.g.
+`sampling_params.max_new_tokens: ...`. Checks that need the model (id range, context length) live
+in the engine, which raises `RequestError` with the same kind of message.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+FinishType = Literal["stop", "length", "abort"]
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve as asked; `field` is the dotted path of the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class SamplingParams(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Completion budget; unset means the engine default, capped by the context length."""
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
+    """0 is greedy decoding."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    """-1 (or 0) disables top-k."""
+    stop_token_ids: list[int] = Field(default_factory=list)
+    """Generation stops after sampling one of these (the stop token is part of the output)."""
+    ignore_eos: bool = False
+    """Do not stop on the model's end-of-sequence tokens (only on `stop_token_ids` and length)."""
+    seed: int | None = None
+    """Same seed and inputs give the same tokens."""
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    rid: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    input_ids: list[int] = Field(min_length=1)
+    sampling_params: SamplingParams = Field(default_factory=SamplingParams)
+    return_logprob: bool = True
+    stream: bool = False
+
+    @field_validator("rid")
+    @classmethod
+    def _rid_not_empty(cls, v: str) -> str:
+        if not v:
+            raise ValueError("must be a non-empty string")
+        return v
+
+    @classmethod
+    def from_wire(cls, body: Any) -> GenerateRequest:
+        """Validate a JSON body; raise `RequestError` naming the first bad field."""
+        if not isinstance(body, dict):
+            raise RequestError("body", "expected a JSON object")
+        if body.get("sampling_params") is None:
+            body = {**body, "sampling_params": {}}
+        try:
+            return cls.model_validate(body)
+        except ValidationError as e:
+            first = e.errors()[0]
+            path = ".".join(str(p) for p in first["loc"]) or "body"
+            raise RequestError(path, first["msg"]) from None
+
+
+@dataclass
+class GenerateOutput:
+    """A finished generation, or (streaming) one chunk of new tokens."""
+
+    rid: str
+    output_ids: list[int]
+    output_logprobs: list[float]
+    prompt_tokens: int
+    completion_tokens: int
+    weight_version: int
+    finish_reason: FinishType | None = None
+    text: str = ""
+    matched_stop: int | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        finish: dict[str, Any] | None = None
+        if self.finish_reason is not None:
+            finish = {"type": self.finish_reason}
+            if self.matched_stop is not None:
+                finish["matched"] = self.matched_stop
+        return {
+            "text": self.text,
+            "output_ids": self.output_ids,
+            "meta_info": {
+                "id": self.rid,
+                "finish_reason": finish,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "output_token_logprobs": [
+                    [lp, tid, None]
+                    for lp, tid in zip(self.output_logprobs, self.output_ids, strict=True)
+                ],
+                "weight_version": self.weight_version,
+            },
+        }
+
+
+@dataclass
+class EngineStats:
+    """Counters and gauges behind `/metrics` (rendered with vLLM's metric names)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_used_tokens: int = 0
+    kv_capacity_tokens: int = 0
+    block_size: int = 1
+    preemptions_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    finished_total: dict[str, int] = field(default_factory=dict)
+    weight_version: int = 0
+    paused: bool = False
+    max_model_len: int = 0

