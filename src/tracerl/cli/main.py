@@ -116,7 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run a benchmark; the last line is one JSON object")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("--model", default="smollm2-135m", help="model to benchmark")
-    bench.add_argument("--requests", type=int, default=48, help="requests in the 16-concurrent run")
+    bench.add_argument(
+        "--requests", type=int, default=48, help="requests per round in the 16-concurrent run"
+    )
+    bench.add_argument(
+        "--rounds", type=int, default=2, help="alternating engine/generate rounds (totals)"
+    )
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration")
     bench.set_defaults(func=_cmd_bench)
     return parser

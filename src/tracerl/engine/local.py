@@ -402,12 +402,14 @@ class LocalEngine:
             if not self._waiting:
                 self.runner.shrink()
             return False
-        tokens = torch.tensor([s.output[-1] for s in decoding], dtype=torch.long,
-                              device=self.device)
-        positions = torch.tensor([s.kv_len for s in decoding], dtype=torch.long,
-                                 device=self.device)
-        prefills = [(len(decoding) + j, torch.tensor(s.tokens, device=self.device))
-                    for j, s in enumerate(admitted)]
+        tokens = torch.tensor(
+            [s.output[-1] for s in decoding], dtype=torch.long, device=self.device
+        )
+        positions = torch.tensor([s.kv_len for s in decoding], dtype=torch.long, device=self.device)
+        prefills = [
+            (len(decoding) + j, torch.tensor(s.tokens, device=self.device))
+            for j, s in enumerate(admitted)
+        ]
         logits = self.runner.forward(tokens, positions, prefills)
         for seq in decoding:
             seq.kv_len += 1
