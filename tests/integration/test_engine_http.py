@@ -260,3 +260,25 @@ async def test_metrics_parse_and_move_with_load(served, http) -> None:
     assert metric(done, "vllm:generation_tokens_total") == 3 * 450
     assert metric(done, "vllm:prompt_tokens_total") == 3 * 3
     assert metric(done, "vllm:num_preemptions_total") == 0
+
+
+async def test_disconnecting_stream_aborts_its_request(served) -> None:
+    url, engine = served
+    body = {
+        "input_ids": [1, 2],
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 480, "ignore_eos": True},
+    }
+    async with aiohttp.ClientSession() as session:
+        resp = await session.post(url + "/generate", json=body)
+        line = b""
+        while not line.startswith(b"data: "):
+            line = await resp.content.readline()
+        resp.close()  # drop the connection mid-stream
+
+    async def freed() -> bool:
+        stats = engine.stats()
+        return stats.running == 0 and stats.finished_total.get("abort", 0) == 1
+
+    await wait_until(freed)
+    assert engine.stats().generation_tokens_total < 480
