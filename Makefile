@@ -24,11 +24,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
 
 format: $(STAMP)
 	$(BIN)/ruff format src tests

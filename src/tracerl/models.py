@@ -108,7 +108,7 @@ def _build_smollm2(out: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are dequantized already; drop the GGUF marker so the model saves as safetensors.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 (the attribute is typed non-optional)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)
@@ -129,7 +129,7 @@ def _build_tiny(out: Path) -> None:
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=2048,
-        rope_theta=10000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         # Larger than the usual 0.02 so the random model's distributions are peaked enough for
         # greedy decoding to be stable against float noise.
         initializer_range=0.1,
@@ -152,7 +152,7 @@ def load_model_and_tokenizer(name: str, device: str = "cpu", dtype: Any = None) 
 
     path = resolve_model(name)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
-    model.to(device)
+    model.to(torch.device(device))  # type: ignore[arg-type]
     model.eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer

@@ -41,9 +41,9 @@ def test_bad_config_fails_before_loading_anything(tmp_path) -> None:
     assert out.returncode == 2 and "engine.model" in out.stderr
 
 
-def test_engine_command_serves_until_terminated() -> None:
+def test_engine_command_serves_until_terminated(tmp_path) -> None:
     proc = subprocess.Popen(
-        [*CLI, "engine", "--model", "tiny", "--port", "0"],
+        [*CLI, "engine", "--model", "tiny", "--port", "0", "--run-dir", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -62,6 +62,8 @@ def test_engine_command_serves_until_terminated() -> None:
         url = match.group(0)
         with urllib.request.urlopen(url + "/health", timeout=10) as resp:
             assert resp.status == 200
+        resolved = json.loads((tmp_path / "config.json").read_text())
+        assert resolved["engine"]["model"] == "tiny" and resolved["server"]["port"] == 0
         body = json.dumps(
             {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3}}
         ).encode()

@@ -6,6 +6,7 @@ from tracerl.config import (
     field_help,
     load_config,
     parse_overrides,
+    save_resolved_config,
 )
 
 
@@ -67,3 +68,12 @@ def test_every_field_is_documented() -> None:
     rows = field_help(EngineCommandConfig)
     assert {r[0] for r in rows} >= {"engine.model", "engine.kv_cache_tokens", "server.port"}
     assert all(doc for _, _, _, doc in rows), [r[0] for r in rows if not r[3]]
+
+
+def test_resolved_config_round_trips_through_the_run_directory(tmp_path) -> None:
+    config = load_config(EngineCommandConfig, None, ["engine.kv_cache_tokens=512"])
+    path = save_resolved_config(config, tmp_path / "run")
+    assert path == tmp_path / "run" / "config.json"
+    reloaded = EngineCommandConfig.model_validate_json(path.read_text())
+    assert reloaded == config
+    assert reloaded.server.host == "127.0.0.1"  # defaults are written out, not implied

@@ -20,13 +20,14 @@ import asyncio
 import json
 import random
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from tracerl.config import EngineConfig
 from tracerl.engine.local import LocalEngine
-from tracerl.engine.types import GenerateRequest
+from tracerl.engine.types import GenerateRequest, SamplingParams
 from tracerl.models import load_model_and_tokenizer
 
 TEMPERATURE = 0.7
@@ -94,12 +95,9 @@ async def _run_engine(engine: LocalEngine, work: list[tuple], concurrency: int) 
         async with limit:
             req = GenerateRequest(
                 input_ids=ids,
-                sampling_params={
-                    "max_new_tokens": n,
-                    "temperature": TEMPERATURE,
-                    "ignore_eos": True,
-                    "seed": i,
-                },
+                sampling_params=SamplingParams(
+                    max_new_tokens=n, temperature=TEMPERATURE, ignore_eos=True, seed=i
+                ),
             )
             out = await engine.generate(req)
             assert len(out.output_ids) == n, (len(out.output_ids), n)
@@ -110,6 +108,14 @@ async def _run_engine(engine: LocalEngine, work: list[tuple], concurrency: int) 
     return sum(counts) / (time.perf_counter() - started)
 
 
+@dataclass
+class _Totals:
+    tokens: int = 0
+    engine_s: float = 0.0
+    generate_s: float = 0.0
+    round_ratios: list[float] = field(default_factory=list)
+
+
 async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     model, tokenizer = load_model_and_tokenizer(args.model)
@@ -118,10 +124,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     engine = LocalEngine(
         EngineConfig(model=args.model, max_running_requests=16), model=model, tokenizer=tokenizer
     )
-    totals = {
-        label: {"tokens": 0, "engine_s": 0.0, "generate_s": 0.0, "round_ratios": []}
-        for label in ("c1", "c16")
-    }
+    totals = {label: _Totals() for label in ("c1", "c16")}
     async with engine:
         warm = _workload(tokenizer, 1, (8, 8), seed=0)
         await _run_engine(engine, warm, 1)
@@ -135,19 +138,19 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                 engine_s = tokens / await _run_engine(engine, work, conc)
                 generate_s = tokens / _run_generate(model, tokenizer, work, conc)
                 t = totals[label]
-                t["tokens"] += tokens
-                t["engine_s"] += engine_s
-                t["generate_s"] += generate_s
-                t["round_ratios"].append(round(generate_s / engine_s, 3))
+                t.tokens += tokens
+                t.engine_s += engine_s
+                t.generate_s += generate_s
+                t.round_ratios.append(round(generate_s / engine_s, 3))
         stats = engine.stats()
     results: dict[str, Any] = {}
     for label, t in totals.items():
         results[label] = {
-            "tokens": t["tokens"],
-            "engine_tokens_per_s": round(t["tokens"] / t["engine_s"], 2),
-            "generate_tokens_per_s": round(t["tokens"] / t["generate_s"], 2),
-            "ratio": round(t["generate_s"] / t["engine_s"], 3),
-            "round_ratios": t["round_ratios"],
+            "tokens": t.tokens,
+            "engine_tokens_per_s": round(t.tokens / t.engine_s, 2),
+            "generate_tokens_per_s": round(t.tokens / t.generate_s, 2),
+            "ratio": round(t.generate_s / t.engine_s, 3),
+            "round_ratios": t.round_ratios,
         }
     return {
         "benchmark": "engine",

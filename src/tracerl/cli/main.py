@@ -8,7 +8,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tracerl.config import ConfigError, EngineCommandConfig, field_help, load_config
+from tracerl.config import (
+    ConfigError,
+    EngineCommandConfig,
+    field_help,
+    load_config,
+    save_resolved_config,
+)
 
 BENCHMARKS = ("engine",)
 
@@ -50,7 +56,10 @@ def _engine_config(args: argparse.Namespace, overrides: list[str]) -> EngineComm
         base["server"]["host"] = args.host
     if args.port is not None:
         base["server"]["port"] = args.port
-    return load_config(EngineCommandConfig, args.config, overrides, base=base)
+    config = load_config(EngineCommandConfig, args.config, overrides, base=base)
+    if args.run_dir is not None:
+        print(f"resolved config: {save_resolved_config(config, args.run_dir)}", flush=True)
+    return config
 
 
 def _cmd_engine(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -102,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--model", help="local HF directory or built-in name (smollm2-135m, tiny)")
         p.add_argument("--host", help="interface to bind (default 127.0.0.1)")
         p.add_argument("--port", type=int, help="TCP port (0 picks a free one)")
+        p.add_argument("--run-dir", help="write the resolved config.json here")
     engine.set_defaults(func=_cmd_engine)
     serve.add_argument(
         "--demo", action="store_true", help="answer one chat request, print it, and exit"

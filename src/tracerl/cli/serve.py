@@ -66,14 +66,14 @@ async def _serve(config: EngineCommandConfig, demo: bool, prompt: str | None) ->
 async def _answer_chat(engine, url: str, prompt: str) -> None:  # type: ignore[no-untyped-def]
     """Render one chat turn with the model's template and send it over HTTP, printing both."""
     from tracerl.engine.client import EngineClient
-    from tracerl.engine.types import GenerateRequest
+    from tracerl.engine.types import GenerateRequest, SamplingParams
 
     messages = [{"role": "user", "content": prompt}]
     ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
         ids = list(ids["input_ids"])
     request = GenerateRequest(
-        input_ids=ids, sampling_params={"max_new_tokens": 64, "temperature": 0.0}
+        input_ids=ids, sampling_params=SamplingParams(max_new_tokens=64, temperature=0.0)
     )
     print(
         "request: POST "

@@ -4,7 +4,14 @@ This package must never import torch: the CLI parses and validates configuration
 import, so a typo fails in well under a second.
 """
 
-from tracerl.config.base import Config, ConfigError, field_help, load_config, parse_overrides
+from tracerl.config.base import (
+    Config,
+    ConfigError,
+    field_help,
+    load_config,
+    parse_overrides,
+    save_resolved_config,
+)
 from tracerl.config.engine import EngineCommandConfig, EngineConfig, ServerConfig
 
 __all__ = [
@@ -16,4 +23,5 @@ __all__ = [
     "field_help",
     "load_config",
     "parse_overrides",
+    "save_resolved_config",
 ]

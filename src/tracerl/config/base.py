@@ -107,6 +107,17 @@ def load_config(
         raise ConfigError(format_validation_error(e, " + ".join(sources) or "defaults")) from None
 
 
+def save_resolved_config(config: BaseModel, run_dir: str | Path) -> Path:
+    """Write the fully resolved config (every default filled in) to `run_dir/config.json`."""
+    path = Path(run_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    target = path / "config.json"
+    tmp = target.with_suffix(".json.tmp")
+    tmp.write_text(config.model_dump_json(indent=2) + "\n")
+    tmp.replace(target)
+    return target
+
+
 def field_help(cls: type[BaseModel], prefix: str = "") -> list[tuple[str, str, str, str]]:
     """(dotted path, type, default, description) for every leaf field, for `--help` listings."""
     rows: list[tuple[str, str, str, str]] = []

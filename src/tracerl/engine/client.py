@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
@@ -75,7 +75,9 @@ class EngineClient:
             await self._request("POST", "/generate", self._wire(request, False))
         )
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+    async def generate_stream(
+        self, request: GenerateRequest
+    ) -> AsyncGenerator[GenerateOutput, None]:
         http = await self._http()
         async with http.post(self.base_url + "/generate", json=self._wire(request, True)) as resp:
             if resp.status >= 300:

@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from tracerl.engine.types import (
     GenerateOutput,
     GenerateRequest,
     RequestError,
+    SamplingParams,
 )
 from tracerl.engine.weights import copy_weights, read_weights_dir
 
@@ -208,12 +209,12 @@ class LocalEngine:
             emit=emit,
         )
 
-    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+    def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
         return self._chunks(request, detokenize=True)
 
     async def _chunks(
         self, request: GenerateRequest, detokenize: bool
-    ) -> AsyncIterator[GenerateOutput]:
+    ) -> AsyncGenerator[GenerateOutput, None]:
         await self.start()
         assert self._loop is not None
         if request.rid in self._in_flight:
@@ -290,9 +291,11 @@ class LocalEngine:
         return await future
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
-        if not abort_all and rid is None:
+        if abort_all:
+            return int(await self._call(lambda: self._abort_now(None)))
+        if rid is None:
             raise RequestError("rid", "give a rid or abort_all")
-        return int(await self._call(lambda: self._abort_now(None if abort_all else {rid})))
+        return int(await self._call(lambda: self._abort_now({rid})))
 
     async def pause(self, mode: PauseMode = "in_place") -> None:
         await self._call(lambda: self._pause_now(mode))
@@ -324,7 +327,7 @@ class LocalEngine:
         probe = GenerateRequest(
             rid=f"health-{time.monotonic_ns()}",
             input_ids=[self.eos_ids_sorted()[0]],
-            sampling_params={"max_new_tokens": 1, "temperature": 0.0, "ignore_eos": True},
+            sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True),
         )
         try:
             out = await asyncio.wait_for(self.generate(probe), HEALTH_GENERATE_TIMEOUT_S)

@@ -7,12 +7,13 @@ from. The HTTP server exposes any `Engine` on the wire protocol of ARCHITECTURE.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from tracerl.engine.types import GenerateOutput, GenerateRequest
 
 PauseMode = Literal["in_place", "retract", "abort"]
+PAUSE_MODES: tuple[PauseMode, ...] = ("in_place", "retract", "abort")
 
 
 @runtime_checkable
@@ -21,7 +22,7 @@ class Engine(Protocol):
         """Run one request to completion (stop, length or abort)."""
         ...
 
-    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[GenerateOutput]:
+    def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
         """Yield chunks of new tokens; the last chunk carries the finish reason."""
         ...
 

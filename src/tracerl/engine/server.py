@@ -13,7 +13,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tracerl.engine.protocol import Engine
+from tracerl.engine.protocol import PAUSE_MODES, Engine
 from tracerl.engine.types import GenerateRequest, RequestError
 from tracerl.engine.weights import WeightLoadError
 
@@ -86,6 +86,8 @@ async def abort_request(request: web.Request) -> web.Response:
 async def pause_generation(request: web.Request) -> web.Response:
     body = await _json_body(request) if request.can_read_body else {}
     mode = body.get("mode", "in_place") if isinstance(body, dict) else "in_place"
+    if mode not in PAUSE_MODES:
+        raise RequestError("mode", f"expected one of {', '.join(PAUSE_MODES)}, got {mode!r}")
     await request.app[ENGINE_KEY].pause(mode)
     return web.json_response({"paused": True, "mode": mode})
 
@@ -174,6 +176,4 @@ async def start_server(app: web.Application, host: str, port: int) -> tuple[web.
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    server = site._server
-    assert server is not None and server.sockets
-    return runner, int(server.sockets[0].getsockname()[1])
+    return runner, int(runner.addresses[0][1])
