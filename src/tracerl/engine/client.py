@@ -112,19 +112,18 @@ class EngineClient:
             {"model_path": model_path, "weight_version": weight_version},
         )
 
-    async def health(self) -> bool:
+    async def _answers(self, path: str) -> bool:
         try:
-            await self._request("GET", "/health")
+            await self._request("GET", path)
         except (aiohttp.ClientError, EngineHTTPError, TimeoutError):
             return False
         return True
 
+    async def health(self) -> bool:
+        return await self._answers("/health")
+
     async def health_generate(self) -> bool:
-        try:
-            await self._request("GET", "/health_generate")
-        except (aiohttp.ClientError, EngineHTTPError, TimeoutError):
-            return False
-        return True
+        return await self._answers("/health_generate")
 
     async def model_info(self) -> dict[str, Any]:
         return dict(await self._request("GET", "/get_model_info"))

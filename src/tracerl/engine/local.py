@@ -1,34 +1,21 @@
-"""The embedded engine: continuous batching over a slot KV cache, in this process.
+"""The embedded engine: the `Engine` protocol over a `Scheduler`, in this process.
 
-It owns scheduling and nothing about sessions or RL. One scheduler thread runs the model; the
-asyncio side only submits requests and commands and receives token events, so the event loop (and
-the HTTP server on it) stays responsive while the model computes.
-
-Each scheduler iteration:
-1. applies commands (abort, pause, resume, weight updates) at the step boundary;
-2. preempts the most recently admitted running requests while the budget cannot hold one more
-   token for each (they go back to the front of the queue and are recomputed later: the tokens
-   they already sampled, and their log-probs, are kept);
-3. admits waiting requests while a slot is free and the KV token budget has room for their
-   prefix plus this step's decode writes;
-4. runs one forward pass that decodes a token for every running request and prefills the admitted
-   ones, samples every row, and releases finished requests.
-
-Requests therefore join and leave the batch at every step, and no compute is spent on padding or
-on finished rows.
+It owns the bridge between asyncio and the model and nothing about sessions or RL. One scheduler
+thread runs the model; the asyncio side only submits sequences and commands and receives token
+events, so the event loop (and the HTTP server on it) stays responsive while the model computes.
+Commands (abort, pause, resume, weight updates) run on that thread at a step boundary, so they
+never race a forward pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +26,10 @@ from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
 from tracerl.engine.forward import ModelRunner
 from tracerl.engine.metrics import render_metrics
 from tracerl.engine.protocol import PauseMode
-from tracerl.engine.sampling import RowSampling, sample
+from tracerl.engine.sampling import RowSampling
+from tracerl.engine.scheduler import Scheduler, Sequence
 from tracerl.engine.types import (
     EngineStats,
-    FinishType,
     GenerateOutput,
     GenerateRequest,
     RequestError,
@@ -54,38 +41,12 @@ log = logging.getLogger(__name__)
 
 # How long the idle scheduler sleeps between checks; new work wakes it at once.
 IDLE_WAIT_S = 0.5
-# Prefill tokens folded into one step: enough to admit a burst of chat prompts at once, small
-# enough that running requests do not stall for long behind a wave of new ones.
-PREFILL_TOKENS_PER_STEP = 2048
 # A health probe that cannot produce one token in this time reports the engine unhealthy.
 HEALTH_GENERATE_TIMEOUT_S = 60.0
 
 
 class EngineError(RuntimeError):
     """The engine failed while running a request (the request gets no result)."""
-
-
-@dataclass
-class _Sequence:
-    rid: str
-    prompt: list[int]
-    max_new: int
-    stop_ids: frozenset[int]
-    sampling: RowSampling
-    generator: torch.Generator
-    emit: Callable[[Any], None]
-    admit_order: int = -1
-    output: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    emitted: int = 0
-    kv_len: int = 0
-    finish: FinishType | None = None
-    matched: int | None = None
-    prompt_counted: bool = False
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt + self.output
 
 
 @dataclass
@@ -127,19 +88,16 @@ class LocalEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.weight_version = 0
         self._seed_stream = torch.Generator().manual_seed(config.seed)
-        self._admit_counter = itertools.count()
         # Shared with the asyncio side, guarded by `_cond`.
         self._cond = threading.Condition()
-        self._inbox: list[_Sequence] = []
+        self._inbox: list[Sequence] = []
         self._commands: list[_Command] = []
         self._stats = EngineStats(
             kv_capacity_tokens=config.kv_cache_tokens, max_model_len=self.max_model_len
         )
         self._stopping = False
         # Owned by the scheduler thread.
-        self._waiting: deque[_Sequence] = deque()
-        self._running: list[_Sequence] = []  # index == KV slot
-        self._pause_mode: PauseMode | None = None
+        self.scheduler = Scheduler(self.runner, config.kv_cache_tokens, self.max_model_len)
         self._in_flight: set[str] = set()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -172,7 +130,7 @@ class LocalEngine:
 
     # ---------------------------------------------------------------- requests
 
-    def _prepare(self, request: GenerateRequest, emit: Callable[[Any], None]) -> _Sequence:
+    def _prepare(self, request: GenerateRequest, emit: Callable[[Any], None]) -> Sequence:
         ids = request.input_ids
         bad = next((i for i in ids if not 0 <= i < self.embedding_size), None)
         if bad is not None:
@@ -199,7 +157,7 @@ class LocalEngine:
             seed = int(torch.randint(0, 2**62, (1,), generator=self._seed_stream))
         generator = torch.Generator(device=self.device).manual_seed(seed)
         stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids)
-        return _Sequence(
+        return Sequence(
             rid=request.rid,
             prompt=list(ids),
             max_new=max_new,
@@ -247,7 +205,7 @@ class LocalEngine:
         finally:
             self._in_flight.discard(seq.rid)
             if not finished:  # the consumer went away: stop spending compute on it
-                self._enqueue(_Command(lambda: self._abort_now({seq.rid}), lambda *_: None))
+                self._enqueue(_Command(lambda: self.scheduler.abort({seq.rid}), lambda *_: None))
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         ids: list[int] = []
@@ -292,16 +250,16 @@ class LocalEngine:
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
         if abort_all:
-            return int(await self._call(lambda: self._abort_now(None)))
+            return int(await self._call(lambda: self.scheduler.abort(None)))
         if rid is None:
             raise RequestError("rid", "give a rid or abort_all")
-        return int(await self._call(lambda: self._abort_now({rid})))
+        return int(await self._call(lambda: self.scheduler.abort({rid})))
 
     async def pause(self, mode: PauseMode = "in_place") -> None:
-        await self._call(lambda: self._pause_now(mode))
+        await self._call(lambda: self.scheduler.pause(mode))
 
     async def resume(self) -> None:
-        await self._call(self._resume_now)
+        await self._call(self.scheduler.resume)
 
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
         path = Path(model_path)
@@ -322,7 +280,7 @@ class LocalEngine:
         return self._thread is None or self._thread.is_alive()
 
     async def health_generate(self) -> bool:
-        if self._pause_mode is not None:
+        if self.scheduler.pause_mode is not None:
             return False
         probe = GenerateRequest(
             rid=f"health-{time.monotonic_ns()}",
@@ -351,7 +309,7 @@ class LocalEngine:
             "max_running_requests": self.config.max_running_requests,
             "device": str(self.device),
             "dtype": str(self.runner.dtype).removeprefix("torch."),
-            "paused": self._pause_mode,
+            "paused": self.scheduler.pause_mode,
         }
 
     def stats(self) -> EngineStats:
@@ -369,7 +327,7 @@ class LocalEngine:
         while True:
             with self._cond:
                 commands, self._commands = self._commands, []
-                self._waiting.extend(self._inbox)
+                self.scheduler.waiting.extend(self._inbox)
                 self._inbox = []
                 if self._stopping and not commands:
                     return
@@ -384,10 +342,10 @@ class LocalEngine:
             for command, (result, error) in zip(commands, outcomes, strict=True):
                 command.done(result, error)
             try:
-                progressed = self._step()
+                progressed = self.scheduler.step()
             except Exception as e:
                 log.exception("engine step failed; failing the running requests")
-                self._fail_running(EngineError(f"engine step failed: {e!r}"))
+                self.scheduler.fail_running(EngineError(f"engine step failed: {e!r}"))
                 progressed = True
             self._publish_stats()
             if not progressed:
@@ -395,166 +353,23 @@ class LocalEngine:
                     if not (self._commands or self._inbox or self._stopping):
                         self._cond.wait(IDLE_WAIT_S)
 
-    def _step(self) -> bool:
-        if self._pause_mode is not None:
-            return False
-        self._make_room_for_decode()
-        decoding = list(self._running)  # every running sequence has one token to feed
-        admitted = self._admit()
-        if not decoding and not admitted:
-            if not self._waiting:
-                self.runner.shrink()
-            return False
-        tokens = torch.tensor(
-            [s.output[-1] for s in decoding], dtype=torch.long, device=self.device
-        )
-        positions = torch.tensor([s.kv_len for s in decoding], dtype=torch.long, device=self.device)
-        prefills = [
-            (len(decoding) + j, torch.tensor(s.tokens, device=self.device))
-            for j, s in enumerate(admitted)
-        ]
-        logits = self.runner.forward(tokens, positions, prefills)
-        for seq in decoding:
-            seq.kv_len += 1
-        for seq in admitted:
-            seq.kv_len = len(seq.tokens)
-        self._accept(decoding + admitted, logits)
-        return True
-
-    def _kv_used(self) -> int:
-        return sum(s.kv_len for s in self._running)
-
-    def _admit(self) -> list[_Sequence]:
-        """Take waiting sequences into free slots while the KV budget holds their prefix plus
-        one decode write for every running sequence, up to `PREFILL_TOKENS_PER_STEP` (the first
-        one always fits, so a long prompt is never starved)."""
-        admitted: list[_Sequence] = []
-        budget = self.config.kv_cache_tokens
-        kv_after_step = self._kv_used() + len(self._running)
-        prefill_tokens = 0
-        while self._waiting and len(self._running) < self.runner.max_slots:
-            seq = self._waiting[0]
-            need = len(seq.tokens) + 1
-            if kv_after_step + need > budget:
-                break
-            if admitted and prefill_tokens + len(seq.tokens) > PREFILL_TOKENS_PER_STEP:
-                break
-            self._waiting.popleft()
-            self._running.append(seq)
-            seq.admit_order = next(self._admit_counter)
-            kv_after_step += need
-            prefill_tokens += len(seq.tokens)
-            if not seq.prompt_counted:
-                seq.prompt_counted = True
-                self._stats_add(prompt=len(seq.prompt))
-            admitted.append(seq)
-        return admitted
-
-    def _make_room_for_decode(self) -> None:
-        budget = self.config.kv_cache_tokens
-        while len(self._running) > 1 and self._kv_used() + len(self._running) > budget:
-            victim = max(self._running, key=lambda s: s.admit_order)
-            self._release(victim)
-            victim.kv_len = 0
-            self._waiting.appendleft(victim)
-            self._stats_add(preemptions=1)
-
-    def _accept(self, batch: list[_Sequence], logits: torch.Tensor) -> None:
-        tokens, logprobs = sample(logits, [s.sampling for s in batch], [s.generator for s in batch])
-        for seq, token, logprob in zip(batch, tokens, logprobs, strict=True):
-            seq.output.append(token)
-            seq.logprobs.append(logprob)
-            if token in seq.stop_ids:
-                seq.finish, seq.matched = "stop", token
-            elif len(seq.output) >= seq.max_new or len(seq.tokens) >= self.max_model_len:
-                seq.finish = "length"
-        self._stats_add(generated=len(batch))
-        for seq in batch:
-            self._emit(seq)
-            if seq.finish is not None:
-                self._release(seq)
-
-    def _emit(self, seq: _Sequence) -> None:
-        new_ids, new_lps = seq.output[seq.emitted :], seq.logprobs[seq.emitted :]
-        seq.emitted = len(seq.output)
-        seq.emit(
-            GenerateOutput(
-                rid=seq.rid,
-                output_ids=new_ids,
-                output_logprobs=new_lps,
-                prompt_tokens=len(seq.prompt),
-                completion_tokens=len(seq.output),
-                weight_version=self.weight_version,
-                finish_reason=seq.finish,
-                matched_stop=seq.matched,
-            )
-        )
-        if seq.finish is not None:
-            with self._cond:
-                finished = self._stats.finished_total
-                finished[seq.finish] = finished.get(seq.finish, 0) + 1
-
-    def _release(self, seq: _Sequence) -> None:
-        """Free `seq`'s slot, moving the last running sequence into it to keep slots compact."""
-        slot = self._running.index(seq)
-        last = len(self._running) - 1
-        if slot != last:
-            moved = self._running[last]
-            self.runner.move_slot(last, slot, moved.kv_len)
-            self._running[slot] = moved
-        self._running.pop()
-
-    def _abort_now(self, rids: set[str] | None) -> int:
-        count = 0
-        for seq in [*self._running, *self._waiting]:
-            if rids is None or seq.rid in rids:
-                seq.finish = "abort"
-                self._emit(seq)
-                if seq in self._running:
-                    self._release(seq)
-                else:
-                    self._waiting.remove(seq)
-                count += 1
-        return count
-
-    def _pause_now(self, mode: PauseMode) -> None:
-        if mode not in ("in_place", "retract", "abort"):
-            raise RequestError("mode", f"expected in_place, retract or abort, got {mode!r}")
-        if mode == "abort":
-            self._abort_now(None)
-        elif mode == "retract":
-            for seq in sorted(self._running, key=lambda s: s.admit_order, reverse=True):
-                self._release(seq)
-                seq.kv_len = 0
-                self._waiting.appendleft(seq)
-        self._pause_mode = mode
-
-    def _resume_now(self) -> None:
-        self._pause_mode = None
-
     def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         copy_weights(self.model, tensors)
-        self.weight_version = version
-
-    def _fail_running(self, error: EngineError) -> None:
-        for seq in list(self._running):
-            seq.emit(error)
-            self._running.remove(seq)
-
-    def _stats_add(self, prompt: int = 0, generated: int = 0, preemptions: int = 0) -> None:
-        with self._cond:
-            self._stats.prompt_tokens_total += prompt
-            self._stats.generation_tokens_total += generated
-            self._stats.preemptions_total += preemptions
+        self.weight_version = self.scheduler.weight_version = version
 
     def _publish_stats(self) -> None:
+        sched = self.scheduler
         with self._cond:
             s = self._stats
-            s.running = len(self._running)
-            s.waiting = len(self._waiting) + len(self._inbox)
-            s.kv_used_tokens = self._kv_used()
+            s.running = len(sched.running)
+            s.waiting = len(sched.waiting) + len(self._inbox)
+            s.kv_used_tokens = sched.kv_used()
+            s.preemptions_total = sched.counters.preemptions
+            s.prompt_tokens_total = sched.counters.prompt_tokens
+            s.generation_tokens_total = sched.counters.generated_tokens
+            s.finished_total = dict(sched.counters.finished)
             s.weight_version = self.weight_version
-            s.paused = self._pause_mode is not None
+            s.paused = sched.pause_mode is not None
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:

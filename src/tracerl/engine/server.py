@@ -150,6 +150,9 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         if e.status >= 400:
             return _error(e.status, e.reason)
         raise
+    except Exception as e:  # an engine failure: a JSON 500, and the server keeps serving
+        log.exception("request %s %s failed", request.method, request.path)
+        return _error(500, f"engine error: {e}")
 
 
 def build_engine_app(engine: Engine, max_request_bytes: int = 64 * 1024 * 1024) -> web.Application:

@@ -1,0 +1,221 @@
+"""Continuous batching: which sequences run, which wait, and one model step over all of them.
+
+Knows nothing of asyncio, threads or HTTP: the embedded engine calls it from its one scheduler
+thread, and every result leaves through each sequence's `emit` callback. Each `step()`:
+1. preempts the most recently admitted running sequences while the KV budget cannot hold one more
+   token for each (they go back to the front of the queue and are recomputed later: the tokens
+   they already sampled, and their log-probs, are kept);
+2. admits waiting sequences while a slot is free and the budget has room for their prefix plus
+   this step's decode writes;
+3. runs one forward pass that decodes a token for every running sequence and prefills the
+   admitted ones, samples every row, and releases finished sequences.
+
+Sequences therefore join and leave the batch at every step, and no compute is spent on padding or
+on finished rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tracerl.engine.forward import ModelRunner
+from tracerl.engine.protocol import PAUSE_MODES, PauseMode
+from tracerl.engine.sampling import RowSampling, sample
+from tracerl.engine.types import FinishType, GenerateOutput, RequestError
+
+# Prefill tokens folded into one step: enough to admit a burst of chat prompts at once, small
+# enough that running requests do not stall for long behind a wave of new ones.
+PREFILL_TOKENS_PER_STEP = 2048
+
+
+@dataclass
+class Sequence:
+    rid: str
+    prompt: list[int]
+    max_new: int
+    stop_ids: frozenset[int]
+    sampling: RowSampling
+    generator: torch.Generator
+    emit: Callable[[Any], None]
+    """Receives each `GenerateOutput` chunk, or the exception that ended the sequence."""
+    admit_order: int = -1
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    emitted: int = 0
+    kv_len: int = 0
+    finish: FinishType | None = None
+    matched: int | None = None
+    prompt_counted: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+
+@dataclass
+class SchedulerCounters:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    finished: dict[str, int] = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, kv_budget: int, max_model_len: int) -> None:
+        self.runner = runner
+        self.kv_budget = kv_budget
+        self.max_model_len = max_model_len
+        self.device = runner.device
+        self.weight_version = 0
+        self.pause_mode: PauseMode | None = None
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # index == KV slot
+        self.counters = SchedulerCounters()
+        self._admit_counter = itertools.count()
+
+    def kv_used(self) -> int:
+        return sum(s.kv_len for s in self.running)
+
+    def step(self) -> bool:
+        """Run one model step; False when there was nothing to do (idle or paused)."""
+        if self.pause_mode is not None:
+            return False
+        self._make_room_for_decode()
+        decoding = list(self.running)  # every running sequence has one token to feed
+        admitted = self._admit()
+        if not decoding and not admitted:
+            if not self.waiting:
+                self.runner.shrink()
+            return False
+        device = self.device
+        tokens = torch.tensor([s.output[-1] for s in decoding], dtype=torch.long, device=device)
+        positions = torch.tensor([s.kv_len for s in decoding], dtype=torch.long, device=device)
+        prefills = [
+            (len(decoding) + j, torch.tensor(s.tokens, device=device))
+            for j, s in enumerate(admitted)
+        ]
+        logits = self.runner.forward(tokens, positions, prefills)
+        for seq in decoding:
+            seq.kv_len += 1
+        for seq in admitted:
+            seq.kv_len = len(seq.tokens)
+        self._accept(decoding + admitted, logits)
+        return True
+
+    def _admit(self) -> list[Sequence]:
+        """Take waiting sequences into free slots while the KV budget holds their prefix plus
+        one decode write for every running sequence, up to `PREFILL_TOKENS_PER_STEP` (the first
+        one always fits, so a long prompt is never starved)."""
+        admitted: list[Sequence] = []
+        kv_after_step = self.kv_used() + len(self.running)
+        prefill_tokens = 0
+        while self.waiting and len(self.running) < self.runner.max_slots:
+            seq = self.waiting[0]
+            need = len(seq.tokens) + 1
+            if kv_after_step + need > self.kv_budget:
+                break
+            if admitted and prefill_tokens + len(seq.tokens) > PREFILL_TOKENS_PER_STEP:
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            seq.admit_order = next(self._admit_counter)
+            kv_after_step += need
+            prefill_tokens += len(seq.tokens)
+            if not seq.prompt_counted:
+                seq.prompt_counted = True
+                self.counters.prompt_tokens += len(seq.prompt)
+            admitted.append(seq)
+        return admitted
+
+    def _make_room_for_decode(self) -> None:
+        while len(self.running) > 1 and self.kv_used() + len(self.running) > self.kv_budget:
+            victim = max(self.running, key=lambda s: s.admit_order)
+            self._release(victim)
+            victim.kv_len = 0
+            self.waiting.appendleft(victim)
+            self.counters.preemptions += 1
+
+    def _accept(self, batch: list[Sequence], logits: torch.Tensor) -> None:
+        tokens, logprobs = sample(logits, [s.sampling for s in batch], [s.generator for s in batch])
+        for seq, token, logprob in zip(batch, tokens, logprobs, strict=True):
+            seq.output.append(token)
+            seq.logprobs.append(logprob)
+            if token in seq.stop_ids:
+                seq.finish, seq.matched = "stop", token
+            elif len(seq.output) >= seq.max_new or len(seq.tokens) >= self.max_model_len:
+                seq.finish = "length"
+        self.counters.generated_tokens += len(batch)
+        for seq in batch:
+            self._emit(seq)
+            if seq.finish is not None:
+                self._release(seq)
+
+    def _emit(self, seq: Sequence) -> None:
+        new_ids, new_lps = seq.output[seq.emitted :], seq.logprobs[seq.emitted :]
+        seq.emitted = len(seq.output)
+        seq.emit(
+            GenerateOutput(
+                rid=seq.rid,
+                output_ids=new_ids,
+                output_logprobs=new_lps,
+                prompt_tokens=len(seq.prompt),
+                completion_tokens=len(seq.output),
+                weight_version=self.weight_version,
+                finish_reason=seq.finish,
+                matched_stop=seq.matched,
+            )
+        )
+        if seq.finish is not None:
+            finished = self.counters.finished
+            finished[seq.finish] = finished.get(seq.finish, 0) + 1
+
+    def _release(self, seq: Sequence) -> None:
+        """Free `seq`'s slot, moving the last running sequence into it to keep slots compact."""
+        slot = self.running.index(seq)
+        last = len(self.running) - 1
+        if slot != last:
+            moved = self.running[last]
+            self.runner.move_slot(last, slot, moved.kv_len)
+            self.running[slot] = moved
+        self.running.pop()
+
+    def abort(self, rids: set[str] | None) -> int:
+        """Finish the named sequences (all when `rids` is None) with their partial output."""
+        count = 0
+        for seq in [*self.running, *self.waiting]:
+            if rids is None or seq.rid in rids:
+                seq.finish = "abort"
+                self._emit(seq)
+                if seq in self.running:
+                    self._release(seq)
+                else:
+                    self.waiting.remove(seq)
+                count += 1
+        return count
+
+    def pause(self, mode: PauseMode) -> None:
+        if mode not in PAUSE_MODES:
+            raise RequestError("mode", f"expected one of {', '.join(PAUSE_MODES)}, got {mode!r}")
+        if mode == "abort":
+            self.abort(None)
+        elif mode == "retract":
+            for seq in sorted(self.running, key=lambda s: s.admit_order, reverse=True):
+                self._release(seq)
+                seq.kv_len = 0
+                self.waiting.appendleft(seq)
+        self.pause_mode = mode
+
+    def resume(self) -> None:
+        self.pause_mode = None
+
+    def fail_running(self, error: BaseException) -> None:
+        """After a failed step: the running sequences end with `error`; waiting ones stay."""
+        for seq in self.running:
+            seq.emit(error)
+        self.running.clear()
