@@ -11,6 +11,8 @@ from typing import Any
 from tracerl.config import (
     ConfigError,
     EngineCommandConfig,
+    GatewayCommandConfig,
+    ServeConfig,
     field_help,
     load_config,
     save_resolved_config,
@@ -48,32 +50,55 @@ def _split_overrides(parser: argparse.ArgumentParser, extra: list[str]) -> list[
     return overrides
 
 
-def _engine_config(args: argparse.Namespace, overrides: list[str]) -> EngineCommandConfig:
-    base: dict[str, Any] = {"engine": {}, "server": {}}
-    if args.model is not None:
-        base["engine"]["model"] = args.model
-    if args.host is not None:
-        base["server"]["host"] = args.host
-    if args.port is not None:
-        base["server"]["port"] = args.port
-    config = load_config(EngineCommandConfig, args.config, overrides, base=base)
+def _finish_config(config: Any, args: argparse.Namespace) -> Any:
     if args.run_dir is not None:
         print(f"resolved config: {save_resolved_config(config, args.run_dir)}", flush=True)
     return config
 
 
 def _cmd_engine(args: argparse.Namespace, overrides: list[str]) -> int:
-    config = _engine_config(args, overrides)
-    from tracerl.cli.serve import run_engine
+    base: dict[str, Any] = {"engine": {}, "server": {}}
+    _set(base["engine"], "model", args.model)
+    _set(base["server"], "host", args.host)
+    _set(base["server"], "port", args.port)
+    config = _finish_config(load_config(EngineCommandConfig, args.config, overrides, base), args)
+    from tracerl.cli.engine import run_engine
 
     return run_engine(config)
 
 
-def _cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
-    config = _engine_config(args, overrides)
-    from tracerl.cli.serve import run_serve
+def _gateway_base(args: argparse.Namespace) -> dict[str, Any]:
+    base: dict[str, Any] = {}
+    _set(base, "host", args.host)
+    _set(base, "port", args.port)
+    _set(base, "store", args.store)
+    _set(base, "admin_key", args.admin_key)
+    return base
 
-    return run_serve(config, demo=args.demo, prompt=args.prompt)
+
+def _cmd_gateway(args: argparse.Namespace, overrides: list[str]) -> int:
+    base = _gateway_base(args)
+    _set(base, "model", args.model)
+    _set(base, "engine_urls", args.engine_url)
+    config = load_config(GatewayCommandConfig, args.config, overrides, {"gateway": base})
+    from tracerl.cli.gateway import run_gateway
+
+    return run_gateway(_finish_config(config, args))
+
+
+def _cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
+    engine: dict[str, Any] = {}
+    _set(engine, "model", args.model)
+    base = {"engine": engine, "gateway": _gateway_base(args)}
+    config = load_config(ServeConfig, args.config, overrides, base)
+    from tracerl.cli.gateway import run_serve
+
+    return run_serve(_finish_config(config, args), demo=args.demo, prompt=args.prompt)
+
+
+def _set(target: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        target[key] = value
 
 
 def _cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -91,35 +116,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     fmt = argparse.RawDescriptionHelpFormatter
-    epilog = _config_epilog(EngineCommandConfig)
 
     engine = sub.add_parser(
         "engine",
         help="serve one inference engine (engine wire protocol)",
-        epilog=epilog,
+        epilog=_config_epilog(EngineCommandConfig),
+        formatter_class=fmt,
+    )
+    gateway = sub.add_parser(
+        "gateway",
+        help="the trace-recording OpenAI/Anthropic gateway in front of engines",
+        epilog=_config_epilog(GatewayCommandConfig),
         formatter_class=fmt,
     )
     serve = sub.add_parser(
         "serve",
-        help="embedded engine in one command, for trying a model by hand",
-        description="Start the embedded engine and answer a chat request printed by the command.",
-        epilog=epilog,
+        help="embedded engine + gateway in one command, for capturing traces by hand",
+        description="Start the embedded engine and the gateway; --demo sends one chat request "
+        "through the openai SDK, prints it, the answer and what was recorded, and exits.",
+        epilog=_config_epilog(ServeConfig),
         formatter_class=fmt,
     )
-    for p in (engine, serve):
+    for p in (engine, gateway, serve):
         p.add_argument("config", nargs="?", help="TOML config file")
         p.add_argument("--model", help="local HF directory or built-in name (smollm2-135m, tiny)")
         p.add_argument("--host", help="interface to bind (default 127.0.0.1)")
         p.add_argument("--port", type=int, help="TCP port (0 picks a free one)")
         p.add_argument("--run-dir", help="write the resolved config.json here")
+    for p in (gateway, serve):
+        p.add_argument("--store", help="SQLite trace store file")
+        p.add_argument("--admin-key", help="admin key (generated and printed when unset)")
+    gateway.add_argument("--engine-url", action="append", help="an engine (repeatable)")
     engine.set_defaults(func=_cmd_engine)
+    gateway.set_defaults(func=_cmd_gateway)
     serve.add_argument(
         "--demo", action="store_true", help="answer one chat request, print it, and exit"
     )
     serve.add_argument(
         "--prompt",
         default="What is the capital of France? Answer in one sentence.",
-        help="the chat message of the printed request",
+        help="the chat message of the demo request",
     )
     serve.set_defaults(func=_cmd_serve)
 
@@ -144,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for noisy in ("httpx", "httpx2", "httpcore"):  # SDK clients log every request at INFO
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     func: Callable[[argparse.Namespace, list[str]], int] = args.func
     try:
         return func(args, _split_overrides(parser, extra))

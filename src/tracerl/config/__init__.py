@@ -13,12 +13,16 @@ from tracerl.config.base import (
     save_resolved_config,
 )
 from tracerl.config.engine import EngineCommandConfig, EngineConfig, ServerConfig
+from tracerl.config.gateway import GatewayCommandConfig, GatewayConfig, ServeConfig
 
 __all__ = [
     "Config",
     "ConfigError",
     "EngineCommandConfig",
     "EngineConfig",
+    "GatewayCommandConfig",
+    "GatewayConfig",
+    "ServeConfig",
     "ServerConfig",
     "field_help",
     "load_config",

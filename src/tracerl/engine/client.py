@@ -20,19 +20,44 @@ class EngineHTTPError(RuntimeError):
         self.status, self.body = status, body
 
 
-def output_from_wire(payload: dict[str, Any]) -> GenerateOutput:
-    meta = payload["meta_info"]
-    pairs = meta.get("output_token_logprobs") or []
+class EngineReplyError(RuntimeError):
+    """A 2xx reply that is not a well-formed generation (the caller must not trust it)."""
+
+
+_FINISH_TYPES = ("stop", "length", "abort")
+
+
+def output_from_wire(payload: Any) -> GenerateOutput:
+    """Validate one `/generate` reply or stream chunk; `EngineReplyError` if malformed."""
+    if not isinstance(payload, dict):
+        raise EngineReplyError(f"reply is not a JSON object: {str(payload)[:100]}")
+    meta = payload.get("meta_info")
+    if not isinstance(meta, dict):
+        raise EngineReplyError("reply has no meta_info object")
+    pairs = meta.get("output_token_logprobs")
+    if not isinstance(pairs, list):
+        raise EngineReplyError("reply has no output_token_logprobs list")
+    try:
+        logprobs = [float(p[0]) for p in pairs]
+        ids = [int(p[1]) for p in pairs]
+    except (TypeError, ValueError, IndexError):
+        raise EngineReplyError("output_token_logprobs entries are not [logprob, id, ...]") from None
+    if "output_ids" in payload and list(payload["output_ids"]) != ids:
+        raise EngineReplyError("output_ids and output_token_logprobs disagree")
     finish = meta.get("finish_reason")
+    if finish is not None and (
+        not isinstance(finish, dict) or finish.get("type") not in _FINISH_TYPES
+    ):
+        raise EngineReplyError(f"unknown finish_reason {finish!r}")
     return GenerateOutput(
-        rid=meta["id"],
-        output_ids=[int(p[1]) for p in pairs] or list(payload.get("output_ids", [])),
-        output_logprobs=[float(p[0]) for p in pairs],
+        rid=str(meta.get("id", "")),
+        output_ids=ids,
+        output_logprobs=logprobs,
         prompt_tokens=int(meta.get("prompt_tokens", 0)),
         completion_tokens=int(meta.get("completion_tokens", 0)),
         weight_version=int(meta.get("weight_version", 0)),
         finish_reason=finish["type"] if finish else None,
-        text=payload.get("text", ""),
+        text=str(payload.get("text", "")),
         matched_stop=finish.get("matched") if finish else None,
     )
 
@@ -89,11 +114,14 @@ class EngineClient:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     return
-                payload = json.loads(data)
-                if "error" in payload:
+                try:
+                    payload = json.loads(data)
+                except json.JSONDecodeError:
+                    raise EngineReplyError(f"stream event is not JSON: {data[:100]}") from None
+                if isinstance(payload, dict) and "error" in payload:
                     raise EngineHTTPError(500, payload)
                 yield output_from_wire(payload)
-        raise EngineHTTPError(502, "stream ended without [DONE]")
+        raise EngineReplyError("stream ended without [DONE]")
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
         body = {"abort_all": True} if abort_all else {"rid": rid}

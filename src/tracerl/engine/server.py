@@ -170,12 +170,15 @@ def build_engine_app(engine: Engine, max_request_bytes: int = 64 * 1024 * 1024) 
     return app
 
 
-async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def start_server(
+    app: web.Application, host: str, port: int, cancel_on_disconnect: bool = True
+) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (0 picks a free port); return the runner and the bound port.
 
-    Handlers are cancelled when their client disconnects, which aborts that client's generation.
+    With `cancel_on_disconnect` a handler is cancelled when its client disconnects (the engine
+    then aborts that client's generation); the gateway turns it off so it can finish and record.
     """
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=cancel_on_disconnect, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -1,0 +1,59 @@
+"""`tracerl engine`: the embedded engine behind the engine wire protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from tracerl.config import ConfigError, EngineCommandConfig, EngineConfig
+
+
+def build_engine(config: EngineConfig) -> Any:
+    """A `LocalEngine`, with model problems reported as configuration errors."""
+    from tracerl.engine.forward import UnsupportedModelError
+    from tracerl.engine.local import LocalEngine
+    from tracerl.engine.types import RequestError
+    from tracerl.models import ModelNotFoundError
+
+    try:
+        return LocalEngine(config)
+    except (ModelNotFoundError, UnsupportedModelError) as e:
+        raise ConfigError(f"engine.model: {e}") from None
+    except RequestError as e:
+        raise ConfigError(str(e)) from None
+
+
+async def _engine_main(config: EngineCommandConfig) -> int:
+    from tracerl.cli.gateway import wait_for_signal
+    from tracerl.engine.server import build_engine_app, start_server
+
+    started = time.monotonic()
+    engine = build_engine(config.engine)
+    await engine.start()
+    app = build_engine_app(engine, config.server.max_request_bytes)
+    runner, port = await start_server(app, config.server.host, config.server.port)
+    url = f"http://{config.server.host}:{port}"
+    print(
+        f"tracerl engine: model {config.engine.model} on {url} "
+        f"(ready in {time.monotonic() - started:.1f} s)",
+        flush=True,
+    )
+    print(
+        f"try it: curl -s {url}/generate -d "
+        '\'{"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 8}}\'',
+        flush=True,
+    )
+    try:
+        await wait_for_signal()
+        return 0
+    finally:
+        await runner.cleanup()
+        await engine.close()
+
+
+def run_engine(config: EngineCommandConfig) -> int:
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_engine_main(config))
+    return 130

@@ -1,0 +1,158 @@
+"""`tracerl gateway` and `tracerl serve`: the gateway in front of engines, or of an embedded one.
+
+`serve --demo` is the quickstart's main job until training lands: it opens a session, sends one
+chat request through the official `openai` SDK, prints the answer and what the trace recorded,
+and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from typing import Any
+
+from tracerl.config import ConfigError, GatewayCommandConfig, GatewayConfig, ServeConfig
+
+
+async def _gateway_up(
+    config: GatewayConfig, engine: Any, tokenizer: Any
+) -> tuple[Any, Any, Any, str]:
+    from tracerl.engine.server import start_server
+    from tracerl.gateway.server import Gateway
+    from tracerl.gateway.store import SQLiteTraceStore
+
+    info = await engine.model_info()
+    store = SQLiteTraceStore(config.store, config.store_synchronous)
+    gateway = Gateway(
+        engine,
+        tokenizer,
+        store,
+        model_name=config.model,
+        eos_ids=set(info.get("eos_token_ids") or [tokenizer.eos_token_id]),
+        admin_key=config.admin_key,
+        system_prompt=config.system_prompt,
+        max_request_bytes=config.max_request_bytes,
+    )
+    runner, port = await start_server(
+        gateway.app(), config.host, config.port, cancel_on_disconnect=False
+    )
+    url = f"http://{config.host}:{port}"
+    print(f"tracerl gateway: {url} (model {config.model}, store {config.store})", flush=True)
+    print(f"admin key: {gateway.admin_key}", flush=True)
+    print(
+        f"open a session: curl -s -X POST {url}/sessions "
+        f"-H 'Authorization: Bearer {gateway.admin_key}'",
+        flush=True,
+    )
+    return gateway, store, runner, url
+
+
+async def wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _gateway_main(config: GatewayConfig) -> int:
+    from transformers import AutoTokenizer
+
+    from tracerl.engine.client import EngineClient
+    from tracerl.models import ModelNotFoundError, resolve_model
+    from tracerl.rollout.pool import EnginePool
+
+    if not config.engine_urls:
+        raise ConfigError("gateway.engine_urls: give at least one --engine-url")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.model))
+    except ModelNotFoundError as e:
+        raise ConfigError(f"gateway.model: {e}") from None
+    clients = [EngineClient(u, config.request_timeout_s) for u in config.engine_urls]
+    engine: Any = clients[0] if len(clients) == 1 else EnginePool(list(clients))
+    try:
+        await engine.model_info()
+    except Exception as e:
+        raise ConfigError(f"gateway.engine_urls: cannot reach the engine: {e}") from None
+    _, store, runner, _ = await _gateway_up(config, engine, tokenizer)
+    try:
+        await wait_for_signal()
+    finally:
+        await runner.cleanup()
+        await store.close()
+        for client in clients:
+            await client.close()
+    return 0
+
+
+async def _serve_main(config: ServeConfig, demo: bool, prompt: str) -> int:
+    from tracerl.cli.engine import build_engine
+
+    started = time.monotonic()
+    engine = build_engine(config.engine)
+    await engine.start()
+    gateway_config = config.gateway.model_copy(update={"model": config.engine.model})
+    gateway, store, runner, url = await _gateway_up(gateway_config, engine, engine.tokenizer)
+    print(f"ready in {time.monotonic() - started:.1f} s", flush=True)
+    try:
+        if demo:
+            await _demo(url, gateway.admin_key, prompt)
+            return 0
+        await wait_for_signal()
+        return 0
+    finally:
+        await runner.cleanup()
+        await store.close()
+        await engine.close()
+
+
+async def _demo(url: str, admin_key: str, prompt: str) -> None:
+    """One traced chat turn through the official openai SDK, as any agent would send it."""
+    import aiohttp
+    import openai
+
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/sessions", headers=headers) as resp:
+            session = await resp.json()
+        client = openai.AsyncOpenAI(base_url=session["openai_base_url"], api_key=session["api_key"])
+        messages: list[Any] = [{"role": "user", "content": prompt}]
+        print(
+            f"request: POST {session['openai_base_url']}/chat/completions messages={messages}",
+            flush=True,
+        )
+        started = time.monotonic()
+        reply = await client.chat.completions.create(
+            model="default", messages=messages, max_tokens=64, temperature=0.0
+        )
+        elapsed = time.monotonic() - started
+        choice = reply.choices[0]
+        print(
+            f"answer ({reply.usage.completion_tokens if reply.usage else '?'} tokens, "
+            f"finish {choice.finish_reason}, {elapsed:.2f} s): {choice.message.content}",
+            flush=True,
+        )
+        await client.close()
+        async with http.get(f"{url}/sessions/{session['session_id']}", headers=headers) as resp:
+            trace = await resp.json()
+    turn, traj = trace["turns"][0], trace["trajectories"][0]
+    print(
+        f"recorded: session {trace['session_id']}, {len(trace['turns'])} turn, "
+        f"{len(turn['prompt_ids'])} prompt + {len(turn['completion_ids'])} sampled tokens, "
+        f"loss_mask sum {sum(traj['loss_mask'])}, weight_version {turn['weight_version']}",
+        flush=True,
+    )
+
+
+def run_gateway(config: GatewayCommandConfig) -> int:
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_gateway_main(config.gateway))
+    return 130
+
+
+def run_serve(config: ServeConfig, demo: bool, prompt: str) -> int:
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(_serve_main(config, demo, prompt))
+    return 130

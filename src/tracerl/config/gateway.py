@@ -1,0 +1,55 @@
+"""Configuration of the gateway and of `tracerl serve` (embedded engine + gateway)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tracerl.config.base import Config
+from tracerl.config.engine import EngineConfig
+
+
+class GatewayConfig(Config):
+    model: str = "tiny"
+    """Model whose tokenizer and chat template render requests (the engines' model)."""
+
+    engine_urls: list[str] = Field(default_factory=list)
+    """Engines speaking the engine wire protocol; `tracerl serve` fills in its embedded one."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind; loopback by default so nothing is exposed by accident."""
+
+    port: int = Field(default=8000, ge=0, le=65535)
+    """TCP port; 0 picks a free one (printed at start)."""
+
+    store: str = "traces.sqlite"
+    """SQLite file of the trace store."""
+
+    store_synchronous: Literal["normal", "full"] = "normal"
+    """`normal` survives a killed process; `full` also survives power loss (one fsync a turn)."""
+
+    admin_key: str | None = None
+    """Key for session administration and untraced use; unset generates one and prints it."""
+
+    system_prompt: str | None = None
+    """Prepended to every session's messages, and recorded like any other prompt token."""
+
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    """Largest accepted request body; larger ones get 413."""
+
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    """Longest an engine request may take before it fails (the engine is then unreachable)."""
+
+
+class GatewayCommandConfig(Config):
+    """`tracerl gateway`: the gateway in front of engines that run elsewhere."""
+
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+
+
+class ServeConfig(Config):
+    """`tracerl serve`: the embedded engine and the gateway in one process."""
+
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)

@@ -1,0 +1,174 @@
+"""The Anthropic Messages surface: request parsing, responses and stream events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tracerl.gateway.api import ApiRequest, Outcome, integer, number, sse, stop_strings
+from tracerl.gateway.generation import SamplingSpec
+from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
+
+
+def parse_request(body: dict[str, Any]) -> ApiRequest:
+    max_tokens = integer(body, "max_tokens", 1)
+    if max_tokens is None:
+        raise BadRequest("max_tokens", "is required")
+    choice = body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    if kind not in (None, "auto", "none"):
+        raise BadRequest("tool_choice", "only {'type': 'auto'} and {'type': 'none'} are supported")
+    top_k = integer(body, "top_k", 1)
+    return ApiRequest(
+        messages=anthropic_messages(body),
+        tools=[] if kind == "none" else anthropic_tools(body),
+        spec=SamplingSpec(
+            max_new_tokens=max_tokens,
+            temperature=number(body, "temperature", 1.0, 0.0, 1.0),
+            top_p=number(body, "top_p", 1.0, 1e-9, 1.0),
+            top_k=top_k if top_k is not None else -1,
+            stop=stop_strings(body.get("stop_sequences"), "stop_sequences"),
+        ),
+        stream=bool(body.get("stream", False)),
+    )
+
+
+def stop_reason(outcome: Outcome) -> str:
+    if outcome.has_calls:
+        return "tool_use"
+    c = outcome.completion
+    if c.stop_sequence is not None:
+        return "stop_sequence"
+    # An engine abort is an interrupted turn the caller may continue.
+    return {"stop": "end_turn", "length": "max_tokens", "abort": "pause_turn"}[c.finish]
+
+
+def content_blocks(outcome: Outcome) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if outcome.parsed.reasoning is not None:
+        blocks.append({"type": "thinking", "thinking": outcome.parsed.reasoning, "signature": ""})
+    if outcome.parsed.content or not outcome.has_calls:
+        blocks.append({"type": "text", "text": outcome.parsed.content})
+    for cid, call in zip(outcome.call_ids, outcome.parsed.tool_calls, strict=True):
+        blocks.append({"type": "tool_use", "id": cid, "name": call.name, "input": call.arguments})
+    return blocks
+
+
+def response(outcome: Outcome, req: ApiRequest, model: str, rid: str, tokenizer: Any) -> dict:
+    c = outcome.completion
+    return {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content_blocks(outcome),
+        "stop_reason": stop_reason(outcome),
+        "stop_sequence": c.stop_sequence,
+        "usage": {"input_tokens": c.prompt_tokens, "output_tokens": len(c.ids)},
+    }
+
+
+class ChunkWriter:
+    """Builds the `message_start` … `message_stop` events of one streamed message.
+
+    Text streams into its content block as it is generated; reasoning and tool calls are known
+    only once the output is complete and follow as their own blocks.
+    """
+
+    def __init__(self, model: str, rid: str, include_usage: bool = True) -> None:
+        self.model, self.rid = model, rid
+        self.text_index: int | None = None
+        self.next_index = 0
+
+    def start(self, prompt_tokens: int) -> bytes:
+        message: dict[str, Any] = {
+            "id": self.rid,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
+        }
+        return sse({"type": "message_start", "message": message}, "message_start")
+
+    def text(self, delta: str) -> bytes:
+        out = b""
+        if self.text_index is None:
+            self.text_index = self.next_index
+            self.next_index += 1
+            out += sse(
+                {
+                    "type": "content_block_start",
+                    "index": self.text_index,
+                    "content_block": {"type": "text", "text": ""},
+                },
+                "content_block_start",
+            )
+        if delta:
+            out += sse(
+                {
+                    "type": "content_block_delta",
+                    "index": self.text_index,
+                    "delta": {"type": "text_delta", "text": delta},
+                },
+                "content_block_delta",
+            )
+        return out
+
+    def finish(self, outcome: Outcome, remaining_text: str) -> bytes:
+        out = b""
+        for block in content_blocks(outcome):
+            if block["type"] == "text":
+                out += self.text(remaining_text)
+                out += sse(
+                    {"type": "content_block_stop", "index": self.text_index}, "content_block_stop"
+                )
+                continue
+            i = self.next_index
+            self.next_index += 1
+            if block["type"] == "tool_use":
+                start = {**block, "input": {}}
+                delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+            else:
+                start = {**block, "thinking": ""}
+                delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+            out += sse(
+                {"type": "content_block_start", "index": i, "content_block": start},
+                "content_block_start",
+            )
+            out += sse(
+                {"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta"
+            )
+            out += sse({"type": "content_block_stop", "index": i}, "content_block_stop")
+        c = outcome.completion
+        out += sse(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason(outcome), "stop_sequence": c.stop_sequence},
+                "usage": {"output_tokens": len(c.ids)},
+            },
+            "message_delta",
+        )
+        return out
+
+    def end(self) -> bytes:
+        return sse({"type": "message_stop"}, "message_stop")
+
+    def error(self, status: int, message: str) -> bytes:
+        return sse(error_body(status, message), "error")
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        409: "invalid_request_error",
+        413: "request_too_large",
+        501: "api_error",
+        529: "overloaded_error",
+    }.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}

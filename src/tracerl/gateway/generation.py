@@ -1,0 +1,173 @@
+"""One generation for the gateway: prompt ids in, validated tokens, text and a finish reason out.
+
+Drives an `Engine` stream, keeps the visible text current for streaming surfaces, applies stop
+strings (the engine knows only stop token ids), and refuses replies it could not record:
+a stream that ends without a finish reason, ids and log-probs of different lengths, or an empty
+completion. Engine errors are classified for the caller's error shape: an engine's own non-2xx
+reply (`UpstreamError`, passed through with its status), an unreachable engine
+(`EngineUnavailable`, 503) and an untraceable reply (`UntraceableReply`, 500).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+
+from tracerl.engine.client import EngineHTTPError, EngineReplyError
+from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
+from tracerl.engine.protocol import Engine
+from tracerl.engine.types import GenerateRequest, RequestError, SamplingParams
+
+
+class UpstreamError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class EngineUnavailable(Exception):
+    pass
+
+
+class UntraceableReply(Exception):
+    pass
+
+
+@dataclass
+class SamplingSpec:
+    max_new_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Completion:
+    ids: list[int]
+    logprobs: list[float]
+    finish: Literal["stop", "length", "abort"]
+    stop_sequence: str | None
+    text: str
+    """What the caller sees: special tokens skipped, cut before a matched stop string."""
+    raw: str
+    """The sampled text without a final end-of-turn token, as a template re-renders it."""
+    full_text: str
+    """All sampled ids decoded with special tokens: what follows the prompt text."""
+    weight_version: int
+    prompt_tokens: int
+
+
+async def generate(
+    engine: Engine,
+    tokenizer: Any,
+    prompt_ids: list[int],
+    spec: SamplingSpec,
+    rid: str,
+    eos_ids: set[int],
+) -> AsyncIterator[str | Completion]:
+    """Yield the visible text after each engine chunk, then the `Completion`."""
+    request = GenerateRequest(
+        rid=rid,
+        input_ids=prompt_ids,
+        sampling_params=SamplingParams(
+            max_new_tokens=spec.max_new_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k,
+            seed=spec.seed,
+        ),
+    )
+    ids: list[int] = []
+    logprobs: list[float] = []
+    finish: str | None = None
+    version = 0
+    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
+    text = ""
+    stop_hit: tuple[str, int] | None = None
+    try:
+        async with contextlib.aclosing(engine.generate_stream(request)) as stream:
+            async for chunk in stream:
+                if len(chunk.output_ids) != len(chunk.output_logprobs):
+                    raise UntraceableReply("engine chunk has ids and logprobs of different lengths")
+                ids += chunk.output_ids
+                logprobs += chunk.output_logprobs
+                version = chunk.weight_version
+                text += detok.add(chunk.output_ids)
+                if chunk.finish_reason is not None:
+                    finish = chunk.finish_reason
+                    text += detok.flush()
+                stop_hit = _find_stop(text, spec.stop)
+                if stop_hit is not None:
+                    break
+                yield text
+                if finish is not None:
+                    break
+    except EngineHTTPError as e:
+        raise UpstreamError(e.status, _error_message(e.body)) from None
+    except EngineReplyError as e:
+        raise UntraceableReply(str(e)) from None
+    except RequestError as e:  # an in-process engine rejecting the request
+        raise UpstreamError(400, str(e)) from None
+    except (aiohttp.ClientConnectionError, TimeoutError) as e:
+        raise EngineUnavailable(f"engine unreachable: {e}") from None
+    stop_sequence = None
+    if stop_hit is not None:
+        stop_sequence, cut = stop_hit
+        keep = _tokens_covering(tokenizer, ids, cut + len(stop_sequence))
+        ids, logprobs, text, finish = ids[:keep], logprobs[:keep], text[:cut], "stop"
+        yield text
+    if finish not in ("stop", "length", "abort"):
+        raise UntraceableReply("engine stream ended without a finish reason")
+    if not ids and finish != "abort":
+        raise UntraceableReply("engine returned an empty completion")
+    raw_ids = ids[:-1] if ids and ids[-1] in eos_ids else ids
+    yield Completion(
+        ids=ids,
+        logprobs=logprobs,
+        finish=finish,  # type: ignore[arg-type]  # narrowed by the check above
+        stop_sequence=stop_sequence,
+        text=text,
+        raw=safe_decode(tokenizer, raw_ids),
+        full_text=safe_decode(tokenizer, ids),
+        weight_version=version,
+        prompt_tokens=len(prompt_ids),
+    )
+
+
+def _find_stop(text: str, stops: list[str]) -> tuple[str, int] | None:
+    best: tuple[str, int] | None = None
+    for stop in stops:
+        at = text.find(stop)
+        if at >= 0 and (best is None or at < best[1]):
+            best = (stop, at)
+    return best
+
+
+def _tokens_covering(tokenizer: Any, ids: list[int], length: int) -> int:
+    """The fewest leading ids whose visible text reaches `length` characters."""
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(safe_decode(tokenizer, ids[:mid], skip_special_tokens=True)) >= length:
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
+def _error_message(body: Any) -> str:
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if "message" in body:
+            return str(body["message"])
+    return str(body)

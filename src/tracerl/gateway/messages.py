@@ -1,0 +1,247 @@
+"""OpenAI and Anthropic request bodies → one chat form the model's template renders.
+
+The chat form is the Hugging Face one: `{"role", "content": str}` plus, for assistant messages,
+`tool_calls` (`{"id", "type": "function", "function": {"name", "arguments": dict}}`) and, for
+tool results, `tool_call_id`. Content-part lists and Anthropic blocks are flattened to text;
+images are rejected (the built-in models have no vision). Errors name the offending field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class BadRequest(ValueError):
+    """A request the gateway rejects with 400; `param` names the field."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def _text_parts(content: Any, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(param, "expected a string or a list of content parts")
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            texts.append(str(part.get("text", "")))
+        elif kind in ("image_url", "image", "input_audio", "document", "file"):
+            raise BadRequest(
+                f"{param}.{i}",
+                f"{kind} content is not supported: the model has no vision or audio input",
+            )
+        else:
+            raise BadRequest(f"{param}.{i}", f"unknown content part type {kind!r}")
+    return "".join(texts)
+
+
+def _arguments(raw: Any, param: str) -> dict[str, Any]:
+    if isinstance(raw, dict):
+        return raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw) if raw.strip() else {}
+        except json.JSONDecodeError:
+            raise BadRequest(param, "tool call arguments are not valid JSON") from None
+        if isinstance(value, dict):
+            return value
+    raise BadRequest(param, "tool call arguments must be a JSON object")
+
+
+def openai_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("messages", "expected a non-empty list")
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(raw):
+        param = f"messages.{i}"
+        if not isinstance(msg, dict):
+            raise BadRequest(param, "expected an object")
+        role = msg.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool"):
+            raise BadRequest(f"{param}.role", f"unknown role {role!r}")
+        item: dict[str, Any] = {
+            "role": role,
+            "content": _text_parts(msg.get("content"), f"{param}.content"),
+        }
+        if role == "assistant" and msg.get("tool_calls"):
+            calls = []
+            for j, call in enumerate(msg["tool_calls"]):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise BadRequest(f"{param}.tool_calls.{j}", "expected a function call")
+                calls.append(
+                    {
+                        "id": str(call.get("id", "")),
+                        "type": "function",
+                        "function": {
+                            "name": fn["name"],
+                            "arguments": _arguments(
+                                fn.get("arguments"), f"{param}.tool_calls.{j}.arguments"
+                            ),
+                        },
+                    }
+                )
+            item["tool_calls"] = calls
+        if role == "tool":
+            item["tool_call_id"] = str(msg.get("tool_call_id", ""))
+        out.append(item)
+    return out
+
+
+def openai_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise BadRequest("tools", "expected a list")
+    out = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise BadRequest(f"tools.{i}", 'expected {"type": "function", "function": {...}}')
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": fn["name"],
+                    "description": fn.get("description", ""),
+                    "parameters": fn.get("parameters", {"type": "object", "properties": {}}),
+                },
+            }
+        )
+    return out
+
+
+def anthropic_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system:
+        out.append({"role": "system", "content": _anthropic_text(system, "system")})
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("messages", "expected a non-empty list")
+    for i, msg in enumerate(raw):
+        param = f"messages.{i}"
+        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+            raise BadRequest(f"{param}.role", "expected role 'user' or 'assistant'")
+        content = msg.get("content")
+        if isinstance(content, str):
+            out.append({"role": msg["role"], "content": content})
+            continue
+        if not isinstance(content, list):
+            raise BadRequest(f"{param}.content", "expected a string or a list of blocks")
+        if msg["role"] == "assistant":
+            out.append(_anthropic_assistant(content, param))
+        else:
+            out.extend(_anthropic_user(content, param))
+    return out
+
+
+def _anthropic_text(value: Any, param: str) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        texts = []
+        for i, block in enumerate(value):
+            if not isinstance(block, dict) or block.get("type") != "text":
+                kind = block.get("type") if isinstance(block, dict) else block
+                raise BadRequest(f"{param}.{i}", f"expected a text block, got {kind!r}")
+            texts.append(str(block.get("text", "")))
+        return "".join(texts)
+    raise BadRequest(param, "expected a string or a list of text blocks")
+
+
+def _anthropic_assistant(blocks: list[Any], param: str) -> dict[str, Any]:
+    texts, calls = [], []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "tool_use":
+            calls.append(
+                {
+                    "id": str(block.get("id", "")),
+                    "type": "function",
+                    "function": {
+                        "name": str(block.get("name", "")),
+                        "arguments": _arguments(
+                            block.get("input", {}), f"{param}.content.{j}.input"
+                        ),
+                    },
+                }
+            )
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # reasoning is not fed back to the model
+        else:
+            raise BadRequest(f"{param}.content.{j}", f"unsupported assistant block {kind!r}")
+    item: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        item["tool_calls"] = calls
+    return item
+
+
+def _anthropic_user(blocks: list[Any], param: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "tool_result":
+            result = _anthropic_text(block.get("content") or "", f"{param}.content.{j}.content")
+            if block.get("is_error"):
+                result = f"Error: {result}"
+            out.append(
+                {
+                    "role": "tool",
+                    "content": result,
+                    "tool_call_id": str(block.get("tool_use_id", "")),
+                }
+            )
+        elif kind in ("image", "document"):
+            raise BadRequest(
+                f"{param}.content.{j}",
+                f"{kind} blocks are not supported: the model has no vision input",
+            )
+        else:
+            raise BadRequest(f"{param}.content.{j}", f"unsupported user block {kind!r}")
+    if texts:
+        out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise BadRequest("tools", "expected a list")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise BadRequest(f"tools.{i}", 'expected {"name", "input_schema"}')
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": tool["name"],
+                    "description": tool.get("description", ""),
+                    "parameters": tool.get("input_schema", {"type": "object", "properties": {}}),
+                },
+            }
+        )
+    return out
+
+
+def canonical_assistant(message: dict[str, Any]) -> str:
+    """A key equal for an assistant message however the client echoes it back (ids ignored)."""
+    calls = [
+        (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []
+    ]
+    return json.dumps({"content": message.get("content") or "", "calls": calls}, sort_keys=True)

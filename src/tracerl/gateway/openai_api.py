@@ -1,0 +1,189 @@
+"""The OpenAI Chat Completions surface: request parsing, responses and stream chunks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tracerl.gateway.api import (
+    ApiRequest,
+    Outcome,
+    integer,
+    number,
+    sse,
+    stop_strings,
+    tool_arguments_json,
+)
+from tracerl.gateway.generation import SamplingSpec
+from tracerl.gateway.messages import BadRequest, openai_messages, openai_tools
+
+UNSUPPORTED = ("presence_penalty", "frequency_penalty")
+
+
+def parse_request(body: dict[str, Any]) -> ApiRequest:
+    n = integer(body, "n", 1)
+    if n not in (None, 1):
+        raise BadRequest("n", f"only n=1 is supported, got {n}")
+    for name in UNSUPPORTED:
+        if body.get(name):
+            raise BadRequest(name, "is not supported by this gateway")
+    if body.get("top_logprobs"):
+        raise BadRequest("top_logprobs", "is not supported (logprobs of sampled tokens only)")
+    tool_choice = body.get("tool_choice")
+    if tool_choice not in (None, "auto", "none"):
+        raise BadRequest("tool_choice", "only 'auto' and 'none' are supported")
+    tools = [] if tool_choice == "none" else openai_tools(body)
+    max_tokens = integer(body, "max_completion_tokens", 1) or integer(body, "max_tokens", 1)
+    stream_options = body.get("stream_options") or {}
+    return ApiRequest(
+        messages=openai_messages(body),
+        tools=tools,
+        spec=SamplingSpec(
+            max_new_tokens=max_tokens,
+            temperature=number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=number(body, "top_p", 1.0, 1e-9, 1.0),
+            seed=integer(body, "seed", -(2**63)),
+            stop=stop_strings(body.get("stop"), "stop"),
+        ),
+        stream=bool(body.get("stream", False)),
+        include_usage=bool(
+            isinstance(stream_options, dict) and stream_options.get("include_usage")
+        ),
+        want_logprobs=bool(body.get("logprobs", False)),
+    )
+
+
+def finish_reason(outcome: Outcome) -> str:
+    if outcome.has_calls:
+        return "tool_calls"
+    return outcome.completion.finish  # "stop" | "length" | "abort" (engine aborted)
+
+
+def usage(outcome: Outcome) -> dict[str, int]:
+    c = outcome.completion
+    return {
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": len(c.ids),
+        "total_tokens": c.prompt_tokens + len(c.ids),
+    }
+
+
+def _logprobs(outcome: Outcome, tokenizer: Any) -> dict[str, Any]:
+    from tracerl.engine.detokenize import safe_decode
+
+    content = []
+    for tid, lp in zip(outcome.completion.ids, outcome.completion.logprobs, strict=True):
+        token = safe_decode(tokenizer, [tid])
+        content.append(
+            {"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []}
+        )
+    return {"content": content}
+
+
+def response(outcome: Outcome, req: ApiRequest, model: str, rid: str, tokenizer: Any) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": outcome.parsed.content or None}
+    if outcome.has_calls:
+        message["tool_calls"] = [
+            {
+                "id": cid,
+                "type": "function",
+                "function": {"name": call.name, "arguments": tool_arguments_json(call)},
+            }
+            for cid, call in zip(outcome.call_ids, outcome.parsed.tool_calls, strict=True)
+        ]
+    if outcome.parsed.reasoning is not None:
+        message["reasoning_content"] = outcome.parsed.reasoning
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": finish_reason(outcome),
+                "logprobs": _logprobs(outcome, tokenizer) if req.want_logprobs else None,
+            }
+        ],
+        "usage": usage(outcome),
+    }
+
+
+class ChunkWriter:
+    """Builds the `chat.completion.chunk` events of one streamed response."""
+
+    def __init__(self, model: str, rid: str, include_usage: bool) -> None:
+        self.model, self.rid, self.include_usage = model, rid, include_usage
+        self.created = int(time.time())
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse(
+            {
+                "id": self.rid,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        )
+
+    def start(self, prompt_tokens: int) -> bytes:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def text(self, delta: str) -> bytes:
+        return self._chunk({"content": delta})
+
+    def finish(self, outcome: Outcome, remaining_text: str) -> bytes:
+        out = b""
+        if remaining_text:
+            out += self.text(remaining_text)
+        if outcome.parsed.reasoning is not None:
+            out += self._chunk({"reasoning_content": outcome.parsed.reasoning})
+        for i, (cid, call) in enumerate(
+            zip(outcome.call_ids, outcome.parsed.tool_calls, strict=True)
+        ):
+            out += self._chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": cid,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": tool_arguments_json(call)},
+                        }
+                    ]
+                }
+            )
+        out += self._chunk({}, finish_reason(outcome))
+        if self.include_usage:
+            out += sse(
+                {
+                    "id": self.rid,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [],
+                    "usage": usage(outcome),
+                }
+            )
+        return out
+
+    def end(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+    def error(self, status: int, message: str) -> bytes:
+        return sse(error_body(status, message))
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        409: "conflict_error",
+        413: "invalid_request_error",
+        501: "not_implemented",
+    }.get(status, "server_error" if status >= 500 else "api_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}

@@ -1,0 +1,83 @@
+"""Chat messages → prompt text and tokens with the model's chat template, and the tool fallback.
+
+Tools are rendered by the template when it handles them. When it does not (SmolLM2's template
+ignores `tools`), one documented fallback is used, the Hermes/ChatML convention: the tool list
+goes into the system message inside `<tools>…</tools>`, assistant calls are written as
+`<tool_call>{"name": …, "arguments": {…}}</tool_call>`, and tool results are `tool` messages
+wrapped in `<tool_response>…</tool_response>`. `parse.py` reads model output the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tracerl.engine.detokenize import safe_decode
+
+TOOL_SYSTEM_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    "{tools}\n</tools>\n\n"
+    "For each function call, return a JSON object with the function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
+
+
+class ChatRenderer:
+    """Renders with one tokenizer's chat template; knows whether that template handles tools."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        template = tokenizer.chat_template or ""
+        if not template:
+            raise ValueError("the tokenizer has no chat template")
+        self.native_tools = "tools" in template
+        self.reasoning = "<think>" in template
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str:
+        """The prompt text, ending with the template's generation prompt."""
+        if not self.native_tools:
+            messages = hermes_messages(messages, tools)
+            tools = []
+        text = self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
+        return str(text)
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of rendered text (special-token markup such as `<|im_start|>` included)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return safe_decode(self.tokenizer, ids, skip_special_tokens=skip_special_tokens)
+
+
+def hermes_call(name: str, arguments: dict[str, Any]) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def hermes_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Rewrite tool definitions, calls and results as plain text in the Hermes convention."""
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        role, content = msg["role"], msg.get("content") or ""
+        if role == "assistant" and msg.get("tool_calls"):
+            calls = [
+                hermes_call(c["function"]["name"], c["function"]["arguments"])
+                for c in msg["tool_calls"]
+            ]
+            content = "\n".join([content, *calls]) if content else "\n".join(calls)
+        elif role == "tool":
+            content = f"<tool_response>\n{content}\n</tool_response>"
+        out.append({"role": role, "content": content})
+    if tools:
+        listing = "\n".join(json.dumps(t) for t in tools)
+        tool_prompt = TOOL_SYSTEM_PROMPT.format(tools=listing)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{tool_prompt}"}
+        else:
+            out.insert(0, {"role": "system", "content": tool_prompt})
+    return out

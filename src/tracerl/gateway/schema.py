@@ -1,0 +1,45 @@
+"""The trace schema of ARCHITECTURE.md (`GET /sessions/{id}`), as pydantic models."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Endpoint = Literal["chat.completions", "messages"]
+TurnFinish = Literal["stop", "length", "tool_calls", "abort"]
+
+
+class Turn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(ge=0)
+    endpoint: Endpoint
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
+    finish_reason: TurnFinish
+    weight_version: int
+    client_disconnected: bool = False
+    request: dict[str, Any]
+    response: dict[str, Any]
+    parent: int | None = None
+    """Index of the turn whose `prompt_ids + completion_ids` this prompt extends, if any."""
+
+
+class Trajectory(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    turn_indices: list[int]
+
+
+class SessionTrace(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    status: Literal["open", "closed"]
+    turns: list[Turn]
+    trajectories: list[Trajectory]

@@ -1,0 +1,490 @@
+"""The gateway's HTTP surface: sessions, endpoint classification, traced generations, fail closed.
+
+Only `POST …/v1/chat/completions` and `POST …/v1/messages` are generations, decided by the
+normalised method and path (never by the body). Everything else never touches traces:
+`count_tokens` and `models` are answered here, `/v1/responses` gets 501 and unknown paths a native
+404. A traced generation answers success only after its turn is committed to the store; a stream
+holds its `[DONE]` / `message_stop` until then, and ends with an error event and no end marker
+when the engine reply cannot be traced or recording fails. A client that disconnects mid-stream
+does not stop the generation: it is drained and recorded with `client_disconnected: true`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from tracerl.engine.protocol import Engine
+from tracerl.gateway import anthropic_api, openai_api
+from tracerl.gateway.api import ApiRequest, Outcome, new_id
+from tracerl.gateway.generation import (
+    Completion,
+    EngineUnavailable,
+    UntraceableReply,
+    UpstreamError,
+    generate,
+)
+from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
+from tracerl.gateway.parse import parse_output, streamable_prefix
+from tracerl.gateway.render import ChatRenderer
+from tracerl.gateway.schema import Turn
+from tracerl.gateway.session import (
+    Prompt,
+    RecordedTurn,
+    SessionState,
+    build_prompt,
+    with_system_prompt,
+)
+from tracerl.gateway.store import StoreError, TraceStore
+
+log = logging.getLogger(__name__)
+
+GATEWAY_KEY = web.AppKey("gateway", object)
+_SESSION_PATH = re.compile(r"/s/([A-Za-z0-9_-]+)(/.*)?")
+_ROUTES = {
+    ("POST", "/v1/chat/completions"): "chat",
+    ("POST", "/v1/messages"): "messages",
+    ("POST", "/v1/messages/count_tokens"): "count_tokens",
+    ("GET", "/v1/models"): "models",
+    ("POST", "/v1/responses"): "responses",
+}
+
+
+def key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def normalize_path(path: str) -> str:
+    path = re.sub(r"/{2,}", "/", path)
+    return path.rstrip("/") or "/"
+
+
+class Gateway:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        store: TraceStore,
+        *,
+        model_name: str,
+        eos_ids: set[int],
+        admin_key: str | None = None,
+        system_prompt: str | None = None,
+        max_request_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.engine, self.tokenizer, self.store = engine, tokenizer, store
+        self.renderer = ChatRenderer(tokenizer)
+        self.model_name, self.eos_ids = model_name, eos_ids
+        self.admin_key = admin_key or secrets.token_urlsafe(24)
+        self.system_prompt = system_prompt
+        self.max_request_bytes = max_request_bytes
+        self.sessions: dict[str, SessionState] = {}
+        self.counters: Counter[str] = Counter()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_request_bytes)
+        app[GATEWAY_KEY] = self
+        app.router.add_post("/sessions", self.create_session)
+        app.router.add_get("/sessions/{sid}", self.get_trace)
+        app.router.add_post("/sessions/{sid}/close", self.close_session)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        return app
+
+    # ------------------------------------------------------------------ auth and sessions
+
+    @staticmethod
+    def _presented_key(request: web.Request) -> str | None:
+        auth = request.headers.get("Authorization", "")
+        if auth.lower().startswith("bearer "):
+            return auth[7:].strip()
+        return request.headers.get("x-api-key")
+
+    def _is_admin(self, request: web.Request) -> bool:
+        key = self._presented_key(request)
+        return key is not None and hmac.compare_digest(key_hash(key), key_hash(self.admin_key))
+
+    async def _session(self, sid: str) -> SessionState | None:
+        state = self.sessions.get(sid)
+        if state is None:
+            record = await self.store.get_session(sid)
+            if record is None:
+                return None
+            turns = await self.store.turns(sid)
+            state = SessionState(
+                sid,
+                record.key_hash,
+                record.meta.get("system_prompt"),
+                closed=record.status == "closed",
+                next_index=len(turns),
+            )
+            self.sessions[sid] = state
+        return state
+
+    def _may_use(self, request: web.Request, state: SessionState) -> bool:
+        key = self._presented_key(request)
+        if key is None:
+            return False
+        return hmac.compare_digest(key_hash(key), state.key_hash) or self._is_admin(request)
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        if not self._is_admin(request):
+            return _native_error(False, 401, "a valid admin key is required")
+        body: Any = {}
+        if request.can_read_body:
+            body = await _read_json(request, anthropic=False)
+            if isinstance(body, web.Response):
+                return body
+        if not isinstance(body, dict):
+            return _native_error(False, 400, "expected a JSON object", "body")
+        system_prompt = body.get("system_prompt", self.system_prompt)
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            return _native_error(False, 400, "expected a string", "system_prompt")
+        sid, key = secrets.token_hex(16), secrets.token_urlsafe(32)
+        meta = {"system_prompt": system_prompt, "metadata": body.get("metadata") or {}}
+        await self.store.create_session(sid, key_hash(key), meta)
+        self.sessions[sid] = SessionState(sid, key_hash(key), system_prompt)
+        base = f"{request.scheme}://{request.host}/s/{sid}"
+        return web.json_response(
+            {
+                "session_id": sid,
+                "api_key": key,
+                "openai_base_url": f"{base}/v1",
+                "anthropic_base_url": base,
+            }
+        )
+
+    async def get_trace(self, request: web.Request) -> web.Response:
+        if not self._is_admin(request):
+            return _native_error(False, 401, "a valid admin key is required")
+        trace = await self.store.trace(request.match_info["sid"])
+        if trace is None:
+            return _native_error(False, 404, "no such session")
+        return web.Response(text=trace.model_dump_json(), content_type="application/json")
+
+    async def close_session(self, request: web.Request) -> web.Response:
+        if not self._is_admin(request):
+            return _native_error(False, 401, "a valid admin key is required")
+        sid = request.match_info["sid"]
+        state = await self._session(sid)
+        if state is None or not await self.store.close_session(sid):
+            return _native_error(False, 404, "no such session")
+        state.closed = True
+        return web.json_response({"session_id": sid, "status": "closed"})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        lines = ["# TYPE tracerl_gateway_events_total counter"]
+        for event, count in sorted(self.counters.items()):
+            lines.append(f'tracerl_gateway_events_total{{event="{event}"}} {count}')
+        lines.append("# TYPE tracerl_gateway_sessions_open gauge")
+        open_sessions = sum(not s.closed for s in self.sessions.values())
+        lines.append(f"tracerl_gateway_sessions_open {open_sessions}")
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    # ------------------------------------------------------------------ classification
+
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        path = normalize_path(request.path)  # request.path excludes the query string
+        sid = None
+        match = _SESSION_PATH.fullmatch(path)
+        if match:
+            sid, path = match.group(1), match.group(2) or "/"
+        kind = _ROUTES.get((request.method, path))
+        anthropic = path.startswith("/v1/messages") or (
+            not path.startswith("/v1/chat") and "anthropic-version" in request.headers
+        )
+        if kind == "chat":
+            return await self.generation(request, sid, anthropic=False)
+        if kind == "messages":
+            return await self.generation(request, sid, anthropic=True)
+        if kind == "count_tokens":
+            return await self.count_tokens(request, sid)
+        if kind == "models":
+            return self.models(anthropic)
+        if kind == "responses" or path == "/v1/responses":
+            return _native_error(False, 501, "the Responses API is not implemented")
+        return _native_error(anthropic, 404, f"no route for {request.method} {path}")
+
+    async def _authorize(
+        self, request: web.Request, sid: str | None, anthropic: bool
+    ) -> SessionState | web.Response | None:
+        if sid is None:
+            if not self._is_admin(request):
+                return _native_error(anthropic, 401, "missing or invalid API key")
+            return None
+        state = await self._session(sid)
+        if state is None:
+            return _native_error(anthropic, 404, "no such session")
+        if not self._may_use(request, state):
+            return _native_error(anthropic, 401, "missing or invalid API key")
+        return state
+
+    def models(self, anthropic: bool) -> web.Response:
+        if anthropic:
+            entry: dict[str, Any] = {
+                "type": "model",
+                "id": self.model_name,
+                "display_name": self.model_name,
+                "created_at": "1970-01-01T00:00:00Z",
+            }
+            return web.json_response(
+                {
+                    "data": [entry],
+                    "has_more": False,
+                    "first_id": self.model_name,
+                    "last_id": self.model_name,
+                }
+            )
+        model_entry: dict[str, Any] = {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "tracerl",
+        }
+        return web.json_response({"object": "list", "data": [model_entry]})
+
+    async def count_tokens(self, request: web.Request, sid: str | None) -> web.Response:
+        body = await _read_json(request, anthropic=True)
+        if isinstance(body, web.Response):
+            return body
+        if isinstance(body, dict) and sid is None and "session_id" in body:
+            sid = str(body.pop("session_id"))
+        state = await self._authorize(request, sid, anthropic=True)
+        if isinstance(state, web.Response):
+            return state
+        try:
+            if not isinstance(body, dict):
+                raise BadRequest("body", "expected a JSON object")
+            messages = anthropic_messages(body)
+            messages = with_system_prompt(messages, state.system_prompt if state else None)
+            text = self.renderer.render(messages, anthropic_tools(body))
+        except BadRequest as e:
+            return _native_error(True, 400, str(e), e.param)
+        self.counters["count_tokens"] += 1
+        return web.json_response({"input_tokens": len(self.renderer.tokenize(text))})
+
+    # ------------------------------------------------------------------ generations
+
+    async def generation(
+        self, request: web.Request, sid: str | None, *, anthropic: bool
+    ) -> web.StreamResponse:
+        api: Any = anthropic_api if anthropic else openai_api
+        body = await _read_json(request, anthropic)
+        if isinstance(body, web.Response):
+            return body
+        if isinstance(body, dict) and "session_id" in body:
+            body_sid = body.pop("session_id")  # the gateway's field: stripped before anything
+            sid = sid or (str(body_sid) if body_sid is not None else None)
+        state = await self._authorize(request, sid, anthropic)
+        if isinstance(state, web.Response):
+            return state
+        if state is not None and state.closed:
+            return _native_error(anthropic, 409, "the session is closed")
+        try:
+            if not isinstance(body, dict):
+                raise BadRequest("body", "expected a JSON object")
+            parsed: ApiRequest = api.parse_request(body)
+            prompt = build_prompt(self.renderer, parsed.messages, parsed.tools, state)
+        except BadRequest as e:
+            return _native_error(anthropic, 400, str(e), e.param)
+        rid = new_id("msg_" if anthropic else "chatcmpl-")
+        endpoint = "messages" if anthropic else "chat.completions"
+        self.counters[f"generation.{endpoint}.{'traced' if state else 'untraced'}"] += 1
+        items = generate(
+            self.engine,
+            self.tokenizer,
+            prompt.ids,
+            parsed.spec,
+            f"{sid or 'eval'}-{rid}",
+            self.eos_ids,
+        )
+        try:
+            first = await anext(items)
+        except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
+            return self._generation_error(anthropic, e)
+        if parsed.stream:
+            return await self._stream(request, api, parsed, prompt, state, body, rid, first, items)
+        completion = first
+        try:
+            async for item in items:
+                completion = item
+        except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
+            return self._generation_error(anthropic, e)
+        assert isinstance(completion, Completion)
+        outcome = self._outcome(completion, anthropic)
+        response = api.response(outcome, parsed, self.model_name, rid, self.tokenizer)
+        if state is not None:
+            transport = request.transport
+            gone = transport is None or transport.is_closing()
+            try:
+                await self._commit(state, endpoint, body, prompt, outcome, response, gone)
+            except Exception as e:
+                log.exception("recording a turn of session %s failed", state.session_id)
+                self.counters["record_failed"] += 1
+                return _native_error(anthropic, 500, f"the turn could not be recorded: {e}")
+        return web.json_response(response)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        api: Any,
+        parsed: ApiRequest,
+        prompt: Prompt,
+        state: SessionState | None,
+        body: dict[str, Any],
+        rid: str,
+        first: str | Completion,
+        items: AsyncIterator[str | Completion],
+    ) -> web.StreamResponse:
+        anthropic = api is anthropic_api
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        writer = api.ChunkWriter(self.model_name, rid, parsed.include_usage)
+        gone = False
+
+        async def send(data: bytes) -> None:
+            nonlocal gone
+            if gone or not data:
+                return
+            try:
+                await resp.write(data)
+            except (ConnectionError, RuntimeError):
+                gone = True  # keep generating: the turn is still recorded
+                self.counters["client_disconnected"] += 1
+
+        await send(writer.start(len(prompt.ids)))
+        emitted, completion = "", None
+
+        async def show(item: str | Completion) -> None:
+            nonlocal emitted, completion
+            if isinstance(item, Completion):
+                completion = item
+            elif not self.renderer.reasoning:
+                safe = streamable_prefix(item)
+                if len(safe) > len(emitted) and safe.startswith(emitted):
+                    await send(writer.text(safe[len(emitted) :]))
+                    emitted = safe
+
+        try:
+            await show(first)
+            async for item in items:
+                await show(item)
+        except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
+            status, message = _classify(e)
+            self.counters["generation_failed"] += 1
+            await send(writer.error(status, message))
+            return await _close(resp)
+        assert completion is not None
+        outcome = self._outcome(completion, anthropic)
+        content = outcome.parsed.content
+        await send(
+            writer.finish(outcome, content[len(emitted) :] if content.startswith(emitted) else "")
+        )
+        if state is not None:
+            response = api.response(outcome, parsed, self.model_name, rid, self.tokenizer)
+            endpoint = "messages" if anthropic else "chat.completions"
+            try:
+                await self._commit(state, endpoint, body, prompt, outcome, response, gone)
+            except Exception as e:
+                log.exception("recording a turn of session %s failed", state.session_id)
+                self.counters["record_failed"] += 1
+                await send(writer.error(500, f"the turn could not be recorded: {e}"))
+                return await _close(resp)
+        await send(writer.end())
+        return await _close(resp)
+
+    def _outcome(self, completion: Completion, anthropic: bool) -> Outcome:
+        parsed = parse_output(completion.text, self.renderer.reasoning)
+        prefix = "toolu_" if anthropic else "call_"
+        return Outcome(completion, parsed, [new_id(prefix) for _ in parsed.tool_calls])
+
+    def _generation_error(self, anthropic: bool, error: Exception) -> web.Response:
+        status, message = _classify(error)
+        self.counters["generation_failed"] += 1
+        return _native_error(anthropic, status, message)
+
+    async def _commit(
+        self,
+        state: SessionState,
+        endpoint: str,
+        body: dict[str, Any],
+        prompt: Prompt,
+        outcome: Outcome,
+        response: dict[str, Any],
+        client_disconnected: bool,
+    ) -> None:
+        c = outcome.completion
+        async with state.lock:
+            turn = Turn(
+                index=state.next_index,
+                endpoint=endpoint,  # type: ignore[arg-type]
+                prompt_ids=prompt.ids,
+                completion_ids=c.ids,
+                completion_logprobs=c.logprobs,
+                finish_reason="tool_calls" if outcome.has_calls else c.finish,
+                weight_version=c.weight_version,
+                client_disconnected=client_disconnected,
+                request=body,
+                response=response,
+                parent=prompt.parent,
+            )
+            await self.store.append_turn(state.session_id, turn)
+            state.next_index += 1
+            state.remember(
+                RecordedTurn(turn.index, prompt.text + c.full_text, prompt.ids + c.ids),
+                outcome.returned_message(),
+                c.raw,
+            )
+        self.counters["turns_recorded"] += 1
+
+
+def _classify(error: Exception) -> tuple[int, str]:
+    if isinstance(error, UpstreamError):
+        return error.status, error.message
+    if isinstance(error, EngineUnavailable):
+        return 503, str(error)
+    return 500, f"untraceable engine reply: {error}"
+
+
+def _native_error(
+    anthropic: bool, status: int, message: str, param: str | None = None
+) -> web.Response:
+    module: Any = anthropic_api if anthropic else openai_api
+    return web.json_response(module.error_body(status, message, param), status=status)
+
+
+async def _read_json(request: web.Request, anthropic: bool) -> Any:
+    """The JSON body, or a native 400/413 error response."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _native_error(anthropic, 413, "request body too large")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return _native_error(anthropic, 400, f"body is not valid JSON: {e}", "body")
+
+
+async def _close(resp: web.StreamResponse) -> web.StreamResponse:
+    with contextlib.suppress(ConnectionError, RuntimeError):
+        await resp.write_eof()
+    return resp
+
+
+__all__ = ["Gateway", "StoreError", "key_hash", "normalize_path"]

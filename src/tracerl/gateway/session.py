@@ -1,0 +1,93 @@
+"""Per-session state for prefix reuse: which token ids each recorded turn ended with.
+
+A new request continues a recorded turn when its rendered prompt text starts with that turn's
+exact text (rendered prompt + sampled completion). The prompt's ids are then that turn's
+`prompt_ids + completion_ids` followed by the tokens of the new text only, so a multi-turn
+episode trains on exactly the tokens the model sampled, and the cost of a turn does not grow with
+the context. Assistant messages the client echoes back are rendered with the model's raw output
+(tool-call markup as sampled), which is what makes the texts line up.
+
+The state lives in memory; after a gateway restart a session's next turn starts a new trajectory
+(its earlier turns stay recorded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracerl.gateway.messages import canonical_assistant
+from tracerl.gateway.render import ChatRenderer
+
+# Recorded turns searched for a prefix, newest first; older ones are forks too far back to matter.
+MAX_PARENT_CANDIDATES = 64
+
+
+@dataclass
+class RecordedTurn:
+    index: int
+    text: str
+    ids: list[int]
+
+
+@dataclass
+class SessionState:
+    session_id: str
+    key_hash: str
+    system_prompt: str | None = None
+    closed: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    next_index: int = 0
+    recorded: list[RecordedTurn] = field(default_factory=list)
+    raw_assistant: dict[str, str] = field(default_factory=dict)
+
+    def remember(self, turn: RecordedTurn, returned: dict[str, Any], raw_text: str) -> None:
+        self.recorded.append(turn)
+        self.raw_assistant[canonical_assistant(returned)] = raw_text
+
+
+@dataclass
+class Prompt:
+    text: str
+    ids: list[int]
+    parent: int | None
+
+
+def with_system_prompt(
+    messages: list[dict[str, Any]], system_prompt: str | None
+) -> list[dict[str, Any]]:
+    """Prepend the configured system prompt (to an existing system message, or as a new one)."""
+    if not system_prompt:
+        return messages
+    if messages and messages[0]["role"] == "system":
+        first = {**messages[0], "content": f"{system_prompt}\n\n{messages[0]['content']}"}
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": system_prompt}, *messages]
+
+
+def build_prompt(
+    renderer: ChatRenderer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    state: SessionState | None,
+) -> Prompt:
+    if state is not None:
+        messages = with_system_prompt(messages, state.system_prompt)
+        messages = [_as_sampled(m, state.raw_assistant) for m in messages]
+    text = renderer.render(messages, tools)
+    if state is not None:
+        for turn in reversed(state.recorded[-MAX_PARENT_CANDIDATES:]):
+            if text.startswith(turn.text):
+                new_ids = renderer.tokenize(text[len(turn.text) :])
+                return Prompt(text, turn.ids + new_ids, turn.index)
+    return Prompt(text, renderer.tokenize(text), None)
+
+
+def _as_sampled(message: dict[str, Any], raw: dict[str, str]) -> dict[str, Any]:
+    if message["role"] != "assistant":
+        return message
+    sampled = raw.get(canonical_assistant(message))
+    if sampled is None:
+        return message
+    return {"role": "assistant", "content": sampled}

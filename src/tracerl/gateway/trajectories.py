@@ -1,0 +1,46 @@
+"""Trajectory assembly: turns linked by exact token prefixes become training sequences.
+
+A turn whose prompt extends its parent turn's `prompt_ids + completion_ids` continues the parent's
+trajectory when the parent is that trajectory's last turn. When the parent already has a
+continuation (the agent went back to an earlier state: a fork), the turn starts a new trajectory
+whose prefix, up to and including the parent, is context only (`loss_mask` 0), so every sampled
+token is trained exactly once. A turn without a parent starts a new trajectory.
+
+`loss_mask` is 1 exactly on sampled completion tokens; `logprobs` holds their sampling
+log-probabilities and 0.0 elsewhere.
+"""
+
+from __future__ import annotations
+
+from tracerl.gateway.schema import Trajectory, Turn
+
+
+class TraceError(ValueError):
+    """Turns that contradict themselves (a parent whose tokens the child does not extend)."""
+
+
+def assemble_trajectories(turns: list[Turn]) -> list[Trajectory]:
+    by_index = {t.index: t for t in turns}
+    trajectories: list[Trajectory] = []
+    tail_of: dict[int, int] = {}  # turn index -> trajectory it is currently the last turn of
+    for turn in sorted(turns, key=lambda t: t.index):
+        parent = by_index.get(turn.parent) if turn.parent is not None else None
+        if parent is not None:
+            prefix = parent.prompt_ids + parent.completion_ids
+            if turn.prompt_ids[: len(prefix)] != prefix:
+                raise TraceError(f"turn {turn.index} does not extend its parent {parent.index}")
+        if parent is not None and parent.index in tail_of:
+            position = tail_of.pop(parent.index)
+            traj = trajectories[position]
+            new_prompt = turn.prompt_ids[len(traj.token_ids) :]
+        else:
+            position = len(trajectories)
+            traj = Trajectory(token_ids=[], loss_mask=[], logprobs=[], turn_indices=[])
+            trajectories.append(traj)
+            new_prompt = turn.prompt_ids  # a fork's shared prefix is context here
+        traj.token_ids += new_prompt + turn.completion_ids
+        traj.loss_mask += [0] * len(new_prompt) + [1] * len(turn.completion_ids)
+        traj.logprobs += [0.0] * len(new_prompt) + list(turn.completion_logprobs)
+        traj.turn_indices.append(turn.index)
+        tail_of[turn.index] = position
+    return trajectories
