@@ -106,7 +106,20 @@ class EngineClient:
         http = await self._http()
         async with http.post(self.base_url + "/generate", json=self._wire(request, True)) as resp:
             if resp.status >= 300:
-                raise EngineHTTPError(resp.status, await resp.text())
+                text = await resp.text()
+                try:
+                    body: Any = json.loads(text)
+                except json.JSONDecodeError:
+                    body = text
+                raise EngineHTTPError(resp.status, body)
+            if resp.content_type != "text/event-stream":  # a whole reply instead of a stream
+                text = await resp.text()
+                try:
+                    whole: Any = json.loads(text)
+                except json.JSONDecodeError:
+                    whole = text
+                yield output_from_wire(whole)
+                return
             async for raw in resp.content:
                 line = raw.decode().strip()
                 if not line.startswith("data:"):
