@@ -27,16 +27,20 @@ class GatewayHandle:
         return {"Authorization": f"Bearer {self.gateway.admin_key}"}
 
     async def open_session(self, **body: Any) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as http:
-            async with http.post(f"{self.url}/sessions", headers=self.admin, json=body) as r:
-                assert r.status == 200, await r.text()
-                return dict(await r.json())
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{self.url}/sessions", headers=self.admin, json=body) as r,
+        ):
+            assert r.status == 200, await r.text()
+            return dict(await r.json())
 
     async def trace(self, session_id: str) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as http:
-            async with http.get(f"{self.url}/sessions/{session_id}", headers=self.admin) as r:
-                assert r.status == 200, await r.text()
-                return dict(await r.json())
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{self.url}/sessions/{session_id}", headers=self.admin) as r,
+        ):
+            assert r.status == 200, await r.text()
+            return dict(await r.json())
 
 
 @pytest.fixture

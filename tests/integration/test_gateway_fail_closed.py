@@ -21,13 +21,15 @@ CHAT = {"model": "tiny", "max_tokens": 16, "messages": [{"role": "user", "conten
 async def post(url: str, session: dict, body: dict, anthropic: bool = False) -> tuple[int, Any]:
     path = "/messages" if anthropic else "/chat/completions"
     base = session["anthropic_base_url"] + "/v1" if anthropic else session["openai_base_url"]
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
             base + path, json=body, headers={"Authorization": f"Bearer {session['api_key']}"}
-        ) as r:
-            if r.content_type == "text/event-stream":
-                return r.status, [line.decode().strip() async for line in r.content if line.strip()]
-            return r.status, await r.json()
+        ) as r,
+    ):
+        if r.content_type == "text/event-stream":
+            return r.status, [line.decode().strip() async for line in r.content if line.strip()]
+        return r.status, await r.json()
 
 
 def good_chunk(fake, ids: list[int], finish: str | None) -> dict:
@@ -175,7 +177,7 @@ class FailingStore(SQLiteTraceStore):
 async def test_recording_failure_is_a_500_and_no_end_marker(
     fake_engine, make_gateway, tmp_path
 ) -> None:
-    fake, engine = fake_engine
+    _, engine = fake_engine
     gw = await make_gateway(engine, store=FailingStore(tmp_path / "failing.sqlite"))
     session = await gw.open_session()
     status, body = await post(gw.url, session, CHAT)
@@ -186,9 +188,11 @@ async def test_recording_failure_is_a_500_and_no_end_marker(
     assert "event: message_stop" not in lines and "disk full" in lines[-1]
     assert await recorded(gw, session) == 0
     # Untraced (evaluation) requests do not record, so they still succeed.
-    async with aiohttp.ClientSession() as http:
-        async with http.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers=gw.admin) as r:
-            assert r.status == 200
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers=gw.admin) as r,
+    ):
+        assert r.status == 200
 
 
 async def test_client_disconnect_mid_stream_still_records(make_engine, make_gateway) -> None:
