@@ -11,4 +11,8 @@ def run_benchmark(name: str, args: argparse.Namespace) -> int:
         from tracerl.bench.engine import main
 
         return main(args)
+    if name == "gateway":
+        from tracerl.bench.gateway import main as gateway_main
+
+        return gateway_main(args)
     raise ValueError(f"unknown benchmark {name!r}")

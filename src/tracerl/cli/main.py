@@ -18,7 +18,7 @@ from tracerl.config import (
     save_resolved_config,
 )
 
-BENCHMARKS = ("engine",)
+BENCHMARKS = ("engine", "gateway")
 
 
 def _config_epilog(cls: Any) -> str:
@@ -169,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds", type=int, default=2, help="alternating engine/generate rounds (totals)"
     )
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration")
+    bench.add_argument(
+        "--sessions-1", type=int, default=5, help="gateway: 10-turn sessions run one at a time"
+    )
+    bench.add_argument(
+        "--sessions-64", type=int, default=128, help="gateway: 10-turn sessions run 64 at a time"
+    )
     bench.set_defaults(func=_cmd_bench)
     return parser
 

@@ -7,9 +7,12 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import aiohttp
+import orjson
 
 from tracerl.engine.protocol import PauseMode
 from tracerl.engine.types import GenerateOutput, GenerateRequest
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class EngineHTTPError(RuntimeError):
@@ -79,12 +82,15 @@ class EngineClient:
 
     async def _request(self, method: str, path: str, body: Any = None) -> Any:
         http = await self._http()
-        async with http.request(method, self.base_url + path, json=body) as resp:
-            text = await resp.text()
+        data = orjson.dumps(body) if body is not None else None
+        async with http.request(
+            method, self.base_url + path, data=data, headers=_JSON_HEADERS
+        ) as resp:
+            raw = await resp.read()
             try:
-                payload = json.loads(text) if text else None
-            except json.JSONDecodeError:
-                payload = text
+                payload = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                payload = raw.decode(errors="replace")
             if resp.status >= 300:
                 raise EngineHTTPError(resp.status, payload)
             return payload
@@ -104,7 +110,8 @@ class EngineClient:
         self, request: GenerateRequest
     ) -> AsyncGenerator[GenerateOutput, None]:
         http = await self._http()
-        async with http.post(self.base_url + "/generate", json=self._wire(request, True)) as resp:
+        wire = orjson.dumps(self._wire(request, True))
+        async with http.post(self.base_url + "/generate", data=wire, headers=_JSON_HEADERS) as resp:
             if resp.status >= 300:
                 text = await resp.text()
                 try:

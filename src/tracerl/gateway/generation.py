@@ -11,7 +11,7 @@ reply (`UpstreamError`, passed through with its status), an unreachable engine
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,7 +20,7 @@ import aiohttp
 from tracerl.engine.client import EngineHTTPError, EngineReplyError
 from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
 from tracerl.engine.protocol import Engine
-from tracerl.engine.types import GenerateRequest, RequestError, SamplingParams
+from tracerl.engine.types import GenerateOutput, GenerateRequest, RequestError, SamplingParams
 
 
 class UpstreamError(Exception):
@@ -70,8 +70,13 @@ async def generate(
     spec: SamplingSpec,
     rid: str,
     eos_ids: set[int],
+    stream: bool = True,
 ) -> AsyncIterator[str | Completion]:
-    """Yield the visible text after each engine chunk, then the `Completion`."""
+    """Yield the visible text after each engine chunk, then the `Completion`.
+
+    Without `stream` (and without stop strings, which need the text as it grows) the engine is
+    asked for the whole reply at once, which costs one JSON reply instead of a stream of events.
+    """
     request = GenerateRequest(
         rid=rid,
         input_ids=prompt_ids,
@@ -91,8 +96,13 @@ async def generate(
     text = ""
     stop_hit: tuple[str, int] | None = None
     try:
-        async with contextlib.aclosing(engine.generate_stream(request)) as stream:
-            async for chunk in stream:
+        chunks: AsyncIterator[GenerateOutput]
+        if stream or spec.stop:
+            chunks = engine.generate_stream(request)
+        else:
+            chunks = _one(engine.generate(request))
+        async with contextlib.aclosing(chunks) as engine_stream:
+            async for chunk in engine_stream:
                 if len(chunk.output_ids) != len(chunk.output_logprobs):
                     raise UntraceableReply("engine chunk has ids and logprobs of different lengths")
                 ids += chunk.output_ids
@@ -138,6 +148,10 @@ async def generate(
         weight_version=version,
         prompt_tokens=len(prompt_ids),
     )
+
+
+async def _one(reply: Awaitable[GenerateOutput]) -> AsyncGenerator[GenerateOutput, None]:
+    yield await reply
 
 
 def _find_stop(text: str, stops: list[str]) -> tuple[str, int] | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import re
 import secrets
@@ -22,6 +21,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from tracerl.engine.protocol import Engine
@@ -311,6 +311,7 @@ class Gateway:
             parsed.spec,
             f"{sid or 'eval'}-{rid}",
             self.eos_ids,
+            stream=parsed.stream,
         )
         try:
             first = await anext(items)
@@ -336,7 +337,7 @@ class Gateway:
                 log.exception("recording a turn of session %s failed", state.session_id)
                 self.counters["record_failed"] += 1
                 return _native_error(anthropic, 500, f"the turn could not be recorded: {e}")
-        return web.json_response(response)
+        return _json(response)
 
     async def _stream(
         self,
@@ -469,6 +470,10 @@ def _native_error(
     return web.json_response(module.error_body(status, message, param), status=status)
 
 
+def _json(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
+
+
 async def _read_json(request: web.Request, anthropic: bool) -> Any:
     """The JSON body, or a native 400/413 error response."""
     try:
@@ -476,8 +481,8 @@ async def _read_json(request: web.Request, anthropic: bool) -> Any:
     except web.HTTPRequestEntityTooLarge:
         return _native_error(anthropic, 413, "request body too large")
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
         return _native_error(anthropic, 400, f"body is not valid JSON: {e}", "body")
 
 
