@@ -4,7 +4,8 @@ Three processes on 127.0.0.1: an instant fake engine (fixed 32-token answers), t
 front of it, and this client. Sessions of 10 turns grow to about 4k tokens (each turn adds a
 ~350-token user message). The same sessions run through the gateway (OpenAI API, traced and
 committed to SQLite) and then straight to the engine with the exact token ids the gateway
-recorded, at 1 and at 64 concurrent sessions. Reported: per-turn latency p50/p99 of both paths
+recorded, at 1 and at 64 concurrent sessions, in alternating rounds (this machine's speed drifts
+between minutes). Reported: per-turn latency p50/p99 of both paths
 and their difference (the added latency), and sustained turns/s of both.
 """
 
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from tracerl.cli import loop
 
 TURNS = 10
 TARGET_ADDED_P50_MS = 2.0
@@ -147,11 +150,13 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         connector = aiohttp.TCPConnector(limit=256)
         async with aiohttp.ClientSession(connector=connector) as http:
-            for label, concurrency, sessions in (
-                ("s1", 1, args.sessions_1),
-                ("s64", 64, args.sessions_64),
+            for label, concurrency, sessions, rounds in (
+                ("s1", 1, args.sessions_1, 10),
+                ("s64", 64, args.sessions_64, 2),
             ):
-                results[label] = await _compare(http, gateway, engine, admin, concurrency, sessions)
+                results[label] = await _compare(
+                    http, gateway, engine, admin, concurrency, sessions, rounds
+                )
     finally:
         for proc in (gateway_proc, engine_proc):
             proc.terminate()
@@ -179,40 +184,47 @@ async def _compare(
     admin: str,
     concurrency: int,
     sessions: int,
+    rounds: int,
 ) -> dict[str, Any]:
+    """Alternate gateway and direct rounds (the machine's speed drifts between minutes)."""
     limit = asyncio.Semaphore(concurrency)
     via: list[float] = []
-
-    async def one(k: int) -> str:
-        async with limit:
-            return await _session_via_gateway(http, gateway, admin, k, via)
-
-    started = time.perf_counter()
-    ids = await asyncio.gather(*(one(k) for k in range(sessions)))
-    via_s = time.perf_counter() - started
-    prompts = []
-    for sid in ids:
-        async with http.get(
-            f"{gateway}/sessions/{sid}", headers={"Authorization": f"Bearer {admin}"}
-        ) as r:
-            trace = json.loads(await r.text())
-        prompts.append([t["prompt_ids"] for t in trace["turns"]])
     direct: list[float] = []
+    via_s = direct_s = 0.0
+    longest = 0
+    per_round = max(1, sessions // rounds)
+    for r in range(rounds):
 
-    async def replay(p: list[list[int]]) -> None:
-        async with limit:
-            await _session_direct(http, engine, p, direct)
+        async def one(k: int) -> str:
+            async with limit:
+                return await _session_via_gateway(http, gateway, admin, k, via)
 
-    started = time.perf_counter()
-    await asyncio.gather(*(replay(p) for p in prompts))
-    direct_s = time.perf_counter() - started
-    turns = sessions * TURNS
+        started = time.perf_counter()
+        ids = await asyncio.gather(*(one(r * per_round + k) for k in range(per_round)))
+        via_s += time.perf_counter() - started
+        prompts = []
+        for sid in ids:
+            async with http.get(
+                f"{gateway}/sessions/{sid}", headers={"Authorization": f"Bearer {admin}"}
+            ) as resp:
+                trace = json.loads(await resp.text())
+            prompts.append([t["prompt_ids"] for t in trace["turns"]])
+        longest = max([longest, *(len(p[-1]) for p in prompts)])
+
+        async def replay(p: list[list[int]]) -> None:
+            async with limit:
+                await _session_direct(http, engine, p, direct)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(replay(p) for p in prompts))
+        direct_s += time.perf_counter() - started
+    turns = per_round * rounds * TURNS
 
     def pct(xs: list[float], q: int) -> float:
         return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] * 1000
 
     return {
-        "sessions": sessions,
+        "sessions": per_round * rounds,
         "turns": turns,
         "gateway_p50_ms": round(pct(via, 50), 3),
         "gateway_p99_ms": round(pct(via, 99), 3),
@@ -222,10 +234,10 @@ async def _compare(
         "added_p99_ms": round(pct(via, 99) - pct(direct, 99), 3),
         "gateway_turns_per_s": round(turns / via_s, 1),
         "direct_turns_per_s": round(turns / direct_s, 1),
-        "last_prompt_tokens": max(len(p[-1]) for p in prompts),
+        "last_prompt_tokens": longest,
     }
 
 
 def main(args: argparse.Namespace) -> int:
-    print(json.dumps(asyncio.run(_run(args))), flush=True)
+    print(json.dumps(loop.run(_run(args))), flush=True)
     return 0

@@ -13,6 +13,8 @@ import json
 
 from aiohttp import web
 
+from tracerl.cli import loop
+
 
 def build_app(reply_ids: list[int], eos_id: int) -> web.Application:
     def reply(body: dict, ids: list[int], finish: str | None) -> dict:
@@ -68,4 +70,4 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--reply-ids", required=True)
     parser.add_argument("--eos-id", type=int, default=2)
-    asyncio.run(_main(parser.parse_args()))
+    loop.run(_main(parser.parse_args()))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from typing import Any
 
+from tracerl.cli import loop
 from tracerl.config import ConfigError, EngineCommandConfig, EngineConfig
 
 
@@ -34,6 +34,7 @@ async def _engine_main(config: EngineCommandConfig) -> int:
     await engine.start()
     app = build_engine_app(engine, config.server.max_request_bytes)
     runner, port = await start_server(app, config.server.host, config.server.port)
+    loop.settle_heap()
     url = f"http://{config.server.host}:{port}"
     print(
         f"tracerl engine: model {config.engine.model} on {url} "
@@ -55,5 +56,5 @@ async def _engine_main(config: EngineCommandConfig) -> int:
 
 def run_engine(config: EngineCommandConfig) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_engine_main(config))
+        return loop.run(_engine_main(config))
     return 130

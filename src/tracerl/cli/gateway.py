@@ -13,6 +13,7 @@ import signal
 import time
 from typing import Any
 
+from tracerl.cli import loop
 from tracerl.config import ConfigError, GatewayCommandConfig, GatewayConfig, ServeConfig
 
 
@@ -38,6 +39,7 @@ async def _gateway_up(
     runner, port = await start_server(
         gateway.app(), config.host, config.port, cancel_on_disconnect=False
     )
+    loop.settle_heap()
     url = f"http://{config.host}:{port}"
     print(f"tracerl gateway: {url} (model {config.model}, store {config.store})", flush=True)
     print(f"admin key: {gateway.admin_key}", flush=True)
@@ -148,11 +150,11 @@ async def _demo(url: str, admin_key: str, prompt: str) -> None:
 
 def run_gateway(config: GatewayCommandConfig) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_gateway_main(config.gateway))
+        return loop.run(_gateway_main(config.gateway))
     return 130
 
 
 def run_serve(config: ServeConfig, demo: bool, prompt: str) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_serve_main(config, demo, prompt))
+        return loop.run(_serve_main(config, demo, prompt))
     return 130

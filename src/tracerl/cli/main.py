@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration")
     bench.add_argument(
-        "--sessions-1", type=int, default=5, help="gateway: 10-turn sessions run one at a time"
+        "--sessions-1", type=int, default=20, help="gateway: 10-turn sessions run one at a time"
     )
     bench.add_argument(
         "--sessions-64", type=int, default=128, help="gateway: 10-turn sessions run 64 at a time"

@@ -77,9 +77,12 @@ async def generate(
     Without `stream` (and without stop strings, which need the text as it grows) the engine is
     asked for the whole reply at once, which costs one JSON reply instead of a stream of events.
     """
-    request = GenerateRequest(
+    # Built without re-validating thousands of ids the gateway's own tokenizer just produced.
+    request = GenerateRequest.model_construct(
         rid=rid,
         input_ids=prompt_ids,
+        return_logprob=True,
+        stream=False,
         sampling_params=SamplingParams(
             max_new_tokens=spec.max_new_tokens,
             temperature=spec.temperature,
@@ -93,14 +96,13 @@ async def generate(
     finish: str | None = None
     version = 0
     detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
+    incremental = stream or bool(spec.stop)  # otherwise the text is decoded once, at the end
     text = ""
     stop_hit: tuple[str, int] | None = None
     try:
-        chunks: AsyncIterator[GenerateOutput]
-        if stream or spec.stop:
-            chunks = engine.generate_stream(request)
-        else:
-            chunks = _one(engine.generate(request))
+        chunks: AsyncGenerator[GenerateOutput, None] = (
+            engine.generate_stream(request) if incremental else _one(engine.generate(request))
+        )
         async with contextlib.aclosing(chunks) as engine_stream:
             async for chunk in engine_stream:
                 if len(chunk.output_ids) != len(chunk.output_logprobs):
@@ -108,10 +110,14 @@ async def generate(
                 ids += chunk.output_ids
                 logprobs += chunk.output_logprobs
                 version = chunk.weight_version
-                text += detok.add(chunk.output_ids)
+                if incremental:
+                    text += detok.add(chunk.output_ids)
                 if chunk.finish_reason is not None:
                     finish = chunk.finish_reason
-                    text += detok.flush()
+                    if incremental:
+                        text += detok.flush()
+                    else:
+                        text = safe_decode(tokenizer, ids, skip_special_tokens=True)
                 stop_hit = _find_stop(text, spec.stop)
                 if stop_hit is not None:
                     break

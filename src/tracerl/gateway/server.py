@@ -11,6 +11,7 @@ does not stop the generation: it is drained and recorded with `client_disconnect
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -19,6 +20,7 @@ import re
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -42,7 +44,7 @@ from tracerl.gateway.session import (
     Prompt,
     RecordedTurn,
     SessionState,
-    build_prompt,
+    plan_prompt,
     with_system_prompt,
 )
 from tracerl.gateway.store import StoreError, TraceStore
@@ -90,6 +92,8 @@ class Gateway:
         self.max_request_bytes = max_request_bytes
         self.sessions: dict[str, SessionState] = {}
         self.counters: Counter[str] = Counter()
+        self._tokenize_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
+        self._busy = 0  # generation requests in progress
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_request_bytes)
@@ -282,6 +286,15 @@ class Gateway:
     async def generation(
         self, request: web.Request, sid: str | None, *, anthropic: bool
     ) -> web.StreamResponse:
+        self._busy += 1
+        try:
+            return await self._generation(request, sid, anthropic=anthropic)
+        finally:
+            self._busy -= 1
+
+    async def _generation(
+        self, request: web.Request, sid: str | None, *, anthropic: bool
+    ) -> web.StreamResponse:
         api: Any = anthropic_api if anthropic else openai_api
         body = await _read_json(request, anthropic)
         if isinstance(body, web.Response):
@@ -298,9 +311,10 @@ class Gateway:
             if not isinstance(body, dict):
                 raise BadRequest("body", "expected a JSON object")
             parsed: ApiRequest = api.parse_request(body)
-            prompt = build_prompt(self.renderer, parsed.messages, parsed.tools, state)
+            plan = plan_prompt(self.renderer, parsed.messages, parsed.tools, state)
         except BadRequest as e:
             return _native_error(anthropic, 400, str(e), e.param)
+        prompt = plan.complete(await self._tokenize(plan.new_text))
         rid = new_id("msg_" if anthropic else "chatcmpl-")
         endpoint = "messages" if anthropic else "chat.completions"
         self.counters[f"generation.{endpoint}.{'traced' if state else 'untraced'}"] += 1
@@ -410,6 +424,15 @@ class Gateway:
         await send(writer.end())
         return await _close(resp)
 
+    async def _tokenize(self, text: str) -> list[int]:
+        """Tokenize inline when this is the only request (a thread hop would only add latency);
+        under load on a worker thread, since the tokenizer releases the GIL and other requests
+        can run meanwhile."""
+        if self._busy <= 1:
+            return self.renderer.tokenize(text)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, self.renderer.tokenize, text)
+
     def _outcome(self, completion: Completion, anthropic: bool) -> Outcome:
         parsed = parse_output(completion.text, self.renderer.reasoning)
         prefix = "toolu_" if anthropic else "call_"
@@ -432,9 +455,11 @@ class Gateway:
     ) -> None:
         c = outcome.completion
         async with state.lock:
-            turn = Turn(
+            # Every field comes from the gateway's own typed values: no re-validation of the
+            # thousands of ids per turn (the store validates what it reads back).
+            turn = Turn.model_construct(
                 index=state.next_index,
-                endpoint=endpoint,  # type: ignore[arg-type]
+                endpoint=endpoint,
                 prompt_ids=prompt.ids,
                 completion_ids=c.ids,
                 completion_logprobs=c.logprobs,

@@ -54,6 +54,19 @@ class Prompt:
     parent: int | None
 
 
+@dataclass
+class PromptPlan:
+    """A rendered prompt whose new part still has to be tokenized (`Prompt` once it is)."""
+
+    text: str
+    reused_ids: list[int]
+    parent: int | None
+    new_text: str
+
+    def complete(self, new_ids: list[int]) -> Prompt:
+        return Prompt(self.text, self.reused_ids + new_ids, self.parent)
+
+
 def with_system_prompt(
     messages: list[dict[str, Any]], system_prompt: str | None
 ) -> list[dict[str, Any]]:
@@ -66,12 +79,13 @@ def with_system_prompt(
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
-def build_prompt(
+def plan_prompt(
     renderer: ChatRenderer,
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]],
     state: SessionState | None,
-) -> Prompt:
+) -> PromptPlan:
+    """Render the prompt and find the recorded turn it extends; only the rest needs tokenizing."""
     if state is not None:
         messages = with_system_prompt(messages, state.system_prompt)
         messages = [_as_sampled(m, state.raw_assistant) for m in messages]
@@ -79,9 +93,18 @@ def build_prompt(
     if state is not None:
         for turn in reversed(state.recorded[-MAX_PARENT_CANDIDATES:]):
             if text.startswith(turn.text):
-                new_ids = renderer.tokenize(text[len(turn.text) :])
-                return Prompt(text, turn.ids + new_ids, turn.index)
-    return Prompt(text, renderer.tokenize(text), None)
+                return PromptPlan(text, turn.ids, turn.index, text[len(turn.text) :])
+    return PromptPlan(text, [], None, text)
+
+
+def build_prompt(
+    renderer: ChatRenderer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    state: SessionState | None,
+) -> Prompt:
+    plan = plan_prompt(renderer, messages, tools, state)
+    return plan.complete(renderer.tokenize(plan.new_text))
 
 
 def _as_sampled(message: dict[str, Any], raw: dict[str, str]) -> dict[str, Any]:

@@ -3,9 +3,10 @@
 `append_turn` returns only after the turn's transaction has committed, so a gateway that answers
 success after it has recorded a turn that survives a `kill -9` of the process. (With the default
 `synchronous=NORMAL`, an operating-system crash or power loss may lose the last commits; choose
-`"full"` to fsync every commit.) All SQLite work runs on one dedicated thread: the event loop never
-blocks on disk, and writes are serialised without lock contention. Other processes (the trainer)
-can read the same file concurrently.
+`"full"` to fsync every commit.) Writes go through one connection and reads through another (WAL
+lets them proceed together); reads, and writes that wait for fsync, run on the store's own thread
+so the event loop never blocks on disk. Other processes (the trainer) can read the same file
+concurrently.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
+
+import orjson
 
 from tracerl.gateway.schema import SessionTrace, Turn
 from tracerl.gateway.trajectories import assemble_trajectories
@@ -77,85 +80,85 @@ class SQLiteTraceStore:
     def __init__(self, path: str | Path, synchronous: Literal["normal", "full"] = "normal") -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace-store")
-        self._conn: sqlite3.Connection | None = None
         self._synchronous = synchronous
-        self._run_sync(self._open)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trace-store")
+        self._writer: sqlite3.Connection | None = self._connect(create=True)
+        self._reader: sqlite3.Connection | None = self._connect(create=False)
 
-    def _open(self) -> None:
+    def _connect(self, create: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous.upper()}")
         conn.execute("PRAGMA busy_timeout=5000")
-        conn.executescript(SCHEMA)
-        self._conn = conn
+        if create:
+            conn.executescript(SCHEMA)
+        return conn
 
-    def _run_sync(self, fn: Callable[[], T]) -> T:
-        return self._executor.submit(fn).result()
-
-    async def _run(self, fn: Callable[[], T]) -> T:
-        if self._conn is None and fn is not self._open:
+    async def _write(self, sql: str, params: tuple[Any, ...]) -> int:
+        """Run one write and commit. Without fsync (`normal`) a WAL append takes well under a
+        millisecond, so it runs right here: a thread hop would cost more than the write. With
+        `full` every commit waits for the disk, so it runs on the store's thread."""
+        if self._writer is None:
             raise StoreError(f"trace store {self.path} is closed")
+        writer = self._writer
+
+        def write() -> int:
+            return writer.execute(sql, params).rowcount
+
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+            if self._synchronous == "normal":
+                return write()
+            return await asyncio.get_running_loop().run_in_executor(self._executor, write)
         except sqlite3.Error as e:
             raise StoreError(f"trace store {self.path}: {e}") from e
 
-    def _db(self) -> sqlite3.Connection:
-        if self._conn is None:
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._reader is None:
             raise StoreError(f"trace store {self.path} is closed")
-        return self._conn
+        reader = self._reader
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, lambda: fn(reader)
+            )
+        except sqlite3.Error as e:
+            raise StoreError(f"trace store {self.path}: {e}") from e
 
     async def create_session(self, session_id: str, key_hash: str, meta: dict[str, Any]) -> None:
-        def write() -> None:
-            self._db().execute(
-                "INSERT INTO sessions (id, key_hash, status, created, meta) VALUES (?,?,?,?,?)",
-                (session_id, key_hash, "open", time.time(), json.dumps(meta)),
-            )
-
-        await self._run(write)
+        await self._write(
+            "INSERT INTO sessions (id, key_hash, status, created, meta) VALUES (?,?,?,?,?)",
+            (session_id, key_hash, "open", time.time(), json.dumps(meta)),
+        )
 
     async def get_session(self, session_id: str) -> SessionRecord | None:
-        def read() -> SessionRecord | None:
-            row = (
-                self._db()
-                .execute("SELECT key_hash, status, meta FROM sessions WHERE id = ?", (session_id,))
-                .fetchone()
-            )
+        def read(db: sqlite3.Connection) -> SessionRecord | None:
+            row = db.execute(
+                "SELECT key_hash, status, meta FROM sessions WHERE id = ?", (session_id,)
+            ).fetchone()
             if row is None:
                 return None
             return SessionRecord(session_id, row[0], row[1], json.loads(row[2]))
 
-        return await self._run(read)
+        return await self._read(read)
 
     async def close_session(self, session_id: str) -> bool:
-        def write() -> bool:
-            cur = self._db().execute(
-                "UPDATE sessions SET status = 'closed' WHERE id = ?", (session_id,)
-            )
-            return cur.rowcount == 1
-
-        return await self._run(write)
+        sql = "UPDATE sessions SET status = 'closed' WHERE id = ?"
+        return await self._write(sql, (session_id,)) == 1
 
     async def append_turn(self, session_id: str, turn: Turn) -> None:
-        data = turn.model_dump_json()
-
-        def write() -> None:
-            self._db().execute(
-                "INSERT INTO turns (session_id, idx, data, created) VALUES (?,?,?,?)",
-                (session_id, turn.index, data, time.time()),
-            )
-
-        await self._run(write)
+        await self._write(
+            "INSERT INTO turns (session_id, idx, data, created) VALUES (?,?,?,?)",
+            # orjson over the field dict: a fifth of model_dump_json's cost for the same JSON
+            (session_id, turn.index, orjson.dumps(dict(turn)).decode(), time.time()),
+        )
 
     async def turns(self, session_id: str) -> list[Turn]:
-        def read() -> list[str]:
-            rows = self._db().execute(
+        def read(db: sqlite3.Connection) -> list[str]:
+            rows = db.execute(
                 "SELECT data FROM turns WHERE session_id = ? ORDER BY idx", (session_id,)
             )
             return [r[0] for r in rows]
 
-        return [Turn.model_validate_json(d) for d in await self._run(read)]
+        return [Turn.model_validate_json(d) for d in await self._read(read)]
 
     async def trace(self, session_id: str) -> SessionTrace | None:
         record = await self.get_session(session_id)
@@ -171,9 +174,10 @@ class SQLiteTraceStore:
 
     async def close(self) -> None:
         def shut() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            for conn in (self._writer, self._reader):
+                if conn is not None:
+                    conn.close()
+            self._writer = self._reader = None
 
         await asyncio.get_running_loop().run_in_executor(self._executor, shut)
         self._executor.shutdown(wait=True)

@@ -1,0 +1,27 @@
+"""The event loop our servers run on: uvloop where it is installed (about twice the request rate
+of the stdlib loop for aiohttp on this machine), the stdlib loop elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def settle_heap() -> None:
+    """Move everything allocated so far (imported libraries, loaded models) out of the garbage
+    collector's sight: a full collection would otherwise walk millions of long-lived objects and
+    pause every request in flight for tens of milliseconds."""
+    gc.collect()
+    gc.freeze()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+    except ImportError:  # not on this platform: the stdlib loop works, only slower
+        return asyncio.run(main)
+    return uvloop.run(main)
