@@ -99,6 +99,7 @@ class LocalEngine:
         # Owned by the scheduler thread.
         self.scheduler = Scheduler(self.runner, config.kv_cache_tokens, self.max_model_len)
         self._in_flight: set[str] = set()
+        self._outbox: list[tuple[asyncio.Queue[Any], Any]] = []  # scheduler thread only
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -178,12 +179,9 @@ class LocalEngine:
         if request.rid in self._in_flight:
             raise RequestError("rid", f"a request with rid {request.rid!r} is already running")
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        loop = self._loop
 
-        def emit(event: Any) -> None:
-            # A closed event loop means nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, event)
+        def emit(event: Any) -> None:  # on the scheduler thread; delivered after the step
+            self._outbox.append((queue, event))
 
         seq = self._prepare(request, emit)
         self._in_flight.add(seq.rid)
@@ -339,6 +337,7 @@ class LocalEngine:
                     outcomes.append((None, e))
             if commands:
                 self._publish_stats()  # callers see the state their command produced
+                self._deliver()
             for command, (result, error) in zip(commands, outcomes, strict=True):
                 command.done(result, error)
             try:
@@ -348,10 +347,25 @@ class LocalEngine:
                 self.scheduler.fail_running(EngineError(f"engine step failed: {e!r}"))
                 progressed = True
             self._publish_stats()
+            self._deliver()
             if not progressed:
                 with self._cond:
                     if not (self._commands or self._inbox or self._stopping):
                         self._cond.wait(IDLE_WAIT_S)
+
+    def _deliver(self) -> None:
+        """Hand this step's token events to the event loop in one call, after the stats were
+        published, so a caller that has its result also sees it in `stats()` and `/metrics`."""
+        if not self._outbox or self._loop is None:
+            return
+        batch, self._outbox = self._outbox, []
+
+        def put_all() -> None:
+            for queue, event in batch:
+                queue.put_nowait(event)
+
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening any more
+            self._loop.call_soon_threadsafe(put_all)
 
     def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         copy_weights(self.model, tensors)
