@@ -242,3 +242,22 @@ async def test_oversized_and_malformed_bodies(fake_engine, make_gateway) -> None
     status, body = await post(gw.url, session, {"messages": CHAT["messages"]}, anthropic=True)
     assert status == 400 and "max_tokens" in body["error"]["message"]
     assert await recorded(gw, session) == 0
+
+
+async def test_in_process_engine_failure_is_a_native_500(make_engine, make_gateway) -> None:
+    from tests.unit.engine.test_step_failure import flaky
+
+    engine = make_engine()
+    runner = flaky(engine)
+    gw = await make_gateway(engine)
+    session = await gw.open_session()
+    runner.arm()
+    status, body = await post(gw.url, session, CHAT)
+    assert status == 500 and "simulated kernel failure" in body["error"]["message"]
+    runner.arm(skip=1)  # the first step streams a token, the next one fails
+    status, lines = await post(gw.url, session, {**CHAT, "stream": True}, anthropic=True)
+    assert status == 200 and "event: message_stop" not in lines
+    assert "simulated kernel failure" in lines[-1]
+    assert await recorded(gw, session) == 0
+    status, _ = await post(gw.url, session, CHAT)
+    assert status == 200 and await recorded(gw, session) == 1

@@ -309,6 +309,10 @@ async def test_auth_routes_and_auxiliary_endpoints(make_engine, make_gateway) ->
         async with http.post(f"{gw.url}/v1/chat/completions", json=plain, headers=gw.admin) as r:
             assert r.status == 200  # evaluation mode: served, not traced
         async with http.post(
+            f"{session['openai_base_url']}//chat/completions/?x=1", json=plain, headers=key
+        ) as r:
+            assert r.status == 200  # normalised path, query string ignored: a generation
+        async with http.post(
             f"{gw.url}/sessions/{session['session_id']}/close", headers=gw.admin
         ) as r:
             assert r.status == 200
@@ -317,5 +321,5 @@ async def test_auth_routes_and_auxiliary_endpoints(make_engine, make_gateway) ->
         ) as r:
             assert r.status == 409
     trace = await gw.trace(session["session_id"])
-    assert trace["status"] == "closed" and len(trace["turns"]) == 1
+    assert trace["status"] == "closed" and len(trace["turns"]) == 2
     assert trace["turns"][0]["request"].get("session_id") is None  # stripped before recording

@@ -29,6 +29,7 @@ from tracerl.engine.protocol import PauseMode
 from tracerl.engine.sampling import RowSampling
 from tracerl.engine.scheduler import Scheduler, Sequence
 from tracerl.engine.types import (
+    EngineError,
     EngineStats,
     GenerateOutput,
     GenerateRequest,
@@ -43,10 +44,6 @@ log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5
 # A health probe that cannot produce one token in this time reports the engine unhealthy.
 HEALTH_GENERATE_TIMEOUT_S = 60.0
-
-
-class EngineError(RuntimeError):
-    """The engine failed while running a request (the request gets no result)."""
 
 
 @dataclass

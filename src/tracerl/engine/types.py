@@ -24,6 +24,10 @@ class RequestError(ValueError):
         self.field = field
 
 
+class EngineError(RuntimeError):
+    """The engine failed while running a request (the request gets no result)."""
+
+
 class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="ignore")
 

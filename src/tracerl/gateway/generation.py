@@ -20,7 +20,13 @@ import aiohttp
 from tracerl.engine.client import EngineHTTPError, EngineReplyError
 from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
 from tracerl.engine.protocol import Engine
-from tracerl.engine.types import GenerateOutput, GenerateRequest, RequestError, SamplingParams
+from tracerl.engine.types import (
+    EngineError,
+    GenerateOutput,
+    GenerateRequest,
+    RequestError,
+    SamplingParams,
+)
 
 
 class UpstreamError(Exception):
@@ -130,6 +136,8 @@ async def generate(
         raise UntraceableReply(str(e)) from None
     except RequestError as e:  # an in-process engine rejecting the request
         raise UpstreamError(400, str(e)) from None
+    except EngineError as e:  # an in-process engine failing while generating
+        raise UpstreamError(500, str(e)) from None
     except (aiohttp.ClientConnectionError, TimeoutError) as e:
         raise EngineUnavailable(f"engine unreachable: {e}") from None
     stop_sequence = None

@@ -289,6 +289,10 @@ class Gateway:
         self._busy += 1
         try:
             return await self._generation(request, sid, anthropic=anthropic)
+        except Exception as e:  # a bug, not a client or engine error: still a native error
+            log.exception("generation request failed")
+            self.counters["internal_error"] += 1
+            return _native_error(anthropic, 500, f"internal gateway error: {e!r}")
         finally:
             self._busy -= 1
 
@@ -400,8 +404,10 @@ class Gateway:
             await show(first)
             async for item in items:
                 await show(item)
-        except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
+        except Exception as e:  # after the 200 went out, every failure is an error event
             status, message = _classify(e)
+            if status == 500 and not isinstance(e, UntraceableReply):
+                log.exception("streamed generation failed")
             self.counters["generation_failed"] += 1
             await send(writer.error(status, message))
             return await _close(resp)
@@ -485,7 +491,9 @@ def _classify(error: Exception) -> tuple[int, str]:
         return error.status, error.message
     if isinstance(error, EngineUnavailable):
         return 503, str(error)
-    return 500, f"untraceable engine reply: {error}"
+    if isinstance(error, UntraceableReply):
+        return 500, f"untraceable engine reply: {error}"
+    return 500, f"internal gateway error: {error!r}"
 
 
 def _native_error(

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from tracerl.engine.forward import ModelRunner
-from tracerl.engine.local import EngineError
 from tracerl.engine.server import build_engine_app, start_server
-from tracerl.engine.types import GenerateRequest
+from tracerl.engine.types import EngineError, GenerateRequest
 
 
 class FlakyRunner(ModelRunner):
