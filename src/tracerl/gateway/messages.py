@@ -107,17 +107,20 @@ def openai_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise BadRequest(f"tools.{i}", 'expected {"type": "function", "function": {...}}')
-        out.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": fn["name"],
-                    "description": fn.get("description", ""),
-                    "parameters": fn.get("parameters", {"type": "object", "properties": {}}),
-                },
-            }
-        )
+        out.append(_function_tool(fn["name"], fn.get("description"), fn.get("parameters")))
     return out
+
+
+def _function_tool(name: str, description: Any, parameters: Any) -> dict[str, Any]:
+    """A tool in the chat form templates take (OpenAI's function shape)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description or "",
+            "parameters": parameters or {"type": "object", "properties": {}},
+        },
+    }
 
 
 def anthropic_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -226,16 +229,7 @@ def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise BadRequest(f"tools.{i}", 'expected {"name", "input_schema"}')
-        out.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": tool["name"],
-                    "description": tool.get("description", ""),
-                    "parameters": tool.get("input_schema", {"type": "object", "properties": {}}),
-                },
-            }
-        )
+        out.append(_function_tool(tool["name"], tool.get("description"), tool.get("input_schema")))
     return out
 
 
