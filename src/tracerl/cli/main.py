@@ -18,7 +18,7 @@ from tracerl.config import (
     save_resolved_config,
 )
 
-BENCHMARKS = ("engine", "gateway")
+BENCHMARKS = ("engine", "gateway", "gae")
 
 
 def _config_epilog(cls: Any) -> str:

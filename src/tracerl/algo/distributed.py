@@ -1,0 +1,29 @@
+"""Reductions that include every rank when a process group exists, and are local otherwise.
+
+Everything that normalises by a batch statistic goes through here, so a result never depends on
+how the batch was sharded over ranks, micro-batches or accumulation steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def all_reduce_sum(tensor: torch.Tensor, process_group: Any = None) -> torch.Tensor:
+    """Sum `tensor` over the ranks of `process_group` (in place on a copy); local without one."""
+    out = tensor.clone()
+    if process_group is not None or (dist.is_available() and dist.is_initialized()):
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=process_group)
+    return out
+
+
+def global_token_count(loss_mask: torch.Tensor, process_group: Any = None) -> torch.Tensor:
+    """The loss denominator for a whole optimizer step: the masked tokens of every micro-batch
+    on every rank. Pass the concatenated masks of all micro-batches of the step; each micro-batch
+    loss is then `sum(per_token * mask) / denominator`, and their sum is the step's token mean
+    whatever the split."""
+    count = loss_mask.detach().to(torch.float64).sum()
+    return all_reduce_sum(count, process_group).clamp_min(1.0)
