@@ -144,39 +144,51 @@ def _reverse_scan(delta: torch.Tensor, cut: torch.Tensor, g: float) -> torch.Ten
     return (local + tail * carry[:, None]).reshape(-1)[:n]
 
 
+def _group_sums(
+    rewards: torch.Tensor, group_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-trajectory float64 reward, its group's size and sum, and the group index."""
+    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
+        raise ValueError("rewards and group_ids: expected 1-d tensors of the same length")
+    r = rewards.double()
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    count = torch.zeros(groups, dtype=torch.float64, device=r.device)
+    count = count.index_add(0, inverse, torch.ones_like(r))
+    total = torch.zeros_like(count).index_add(0, inverse, r)
+    return r, count, total, inverse
+
+
+def uniform_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """True for trajectories whose group has a single reward value (no signal for a group
+    baseline: their advantage is 0). Count them, or drop them before training."""
+    r, count, _, inverse = _group_sums(rewards, group_ids)
+    lo = torch.full_like(count, math.inf).scatter_reduce(0, inverse, r, reduce="amin")
+    hi = torch.full_like(count, -math.inf).scatter_reduce(0, inverse, r, reduce="amax")
+    return (hi == lo)[inverse]
+
+
 def group_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
     method: Literal["grpo", "dr_grpo", "rloo"] = "grpo",
     std_normalize: bool = True,
     eps: float = 1e-6,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One advantage per trajectory from its group's rewards; returns `(advantages, uniform)`.
+) -> torch.Tensor:
+    """One advantage per trajectory from its group's rewards.
 
     - `grpo`: `(r - mean) / (std + eps)` (population std of the group) when `std_normalize`.
     - `dr_grpo`: `r - mean` (Dr. GRPO drops the std division and length normalisation).
     - `rloo`: `r - mean of the others` (leave-one-out; a group of one gets 0).
-    `uniform` marks trajectories whose group has a single reward value: their advantage is 0
-    and they carry no signal for these methods (count or filter them).
+    Uniform-reward groups (`uniform_groups`) get exactly 0.
     """
-    if rewards.dim() != 1 or group_ids.shape != rewards.shape:
-        raise ValueError("rewards and group_ids: expected 1-d tensors of the same length")
     if method not in ("grpo", "dr_grpo", "rloo"):
         raise ValueError(f"method: expected grpo, dr_grpo or rloo, got {method!r}")
-    r = rewards.double()
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    count = torch.zeros(groups, dtype=torch.float64, device=r.device).index_add_(
-        0, inverse, torch.ones_like(r)
-    )
-    total = torch.zeros_like(count).index_add_(0, inverse, r)
+    r, count, total, inverse = _group_sums(rewards, group_ids)
     mean = (total / count)[inverse]
-    sq = torch.zeros_like(count).index_add_(0, inverse, (r - mean) ** 2)
-    std = (sq / count).sqrt()[inverse]
-    lo = torch.full_like(count, math.inf).scatter_reduce_(0, inverse, r, reduce="amin")
-    hi = torch.full_like(count, -math.inf).scatter_reduce_(0, inverse, r, reduce="amax")
-    uniform = (hi == lo)[inverse]
     if method == "grpo":
+        sq = torch.zeros_like(count).index_add(0, inverse, (r - mean) ** 2)
+        std = (sq / count).sqrt()[inverse]
         adv = (r - mean) / (std + eps) if std_normalize else r - mean
     elif method == "dr_grpo":
         adv = r - mean
@@ -184,8 +196,8 @@ def group_advantages(
         n = count[inverse]
         others = (total[inverse] - r) / (n - 1).clamp_min(1)
         adv = torch.where(n > 1, r - others, torch.zeros_like(r))
-    adv = torch.where(uniform, torch.zeros_like(adv), adv)
-    return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32), uniform
+    adv = torch.where(uniform_groups(rewards, group_ids), torch.zeros_like(adv), adv)
+    return adv.to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
 
 def whiten(

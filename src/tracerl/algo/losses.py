@@ -35,7 +35,7 @@ def aggregate(
     masked = per_token * mask
     if agg == "token_mean":
         denom = mask.sum().clamp_min(1.0) if denominator is None else denominator
-        return masked.sum() / denom
+        return masked.sum() / torch.as_tensor(denom, dtype=masked.dtype, device=masked.device)
     if agg not in ("seq_mean_token_sum", "seq_mean_token_mean"):
         raise ValueError(
             f"agg: expected token_mean, seq_mean_token_sum or seq_mean_token_mean, got {agg!r}"
@@ -50,7 +50,7 @@ def aggregate(
         counts = torch.zeros_like(sums).index_add(0, seq, mask).clamp_min(1.0)
         sums = sums / counts
     denom = float(lengths.numel()) if denominator is None else denominator
-    return sums.sum() / denom
+    return sums.sum() / torch.as_tensor(denom, dtype=sums.dtype, device=sums.device)
 
 
 def policy_loss(
@@ -89,6 +89,8 @@ def policy_loss(
         raise ValueError("clip_low, clip_high: must be >= 0")
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip: must be > 1, got {dual_clip}")
+    # float32 whatever the inputs: a bfloat16 difference of log-probs is too coarse for a ratio
+    logprobs, old_logprobs, advantages = logprobs.float(), old_logprobs.float(), advantages.float()
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -104,7 +106,7 @@ def policy_loss(
     if rollout_logprobs is not None:
         if rollout_logprobs.shape != logprobs.shape:
             raise ValueError("rollout_logprobs: shape does not match logprobs")
-        is_weight = torch.exp(old_logprobs - rollout_logprobs).detach()
+        is_weight = torch.exp(old_logprobs - rollout_logprobs.float()).detach()
         if tis_cap is not None:
             metrics["tis_clip_frac"] = _masked_mean((is_weight > tis_cap).float(), mask)
             is_weight = is_weight.clamp(max=tis_cap)
@@ -148,6 +150,7 @@ def value_loss(
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not match values {tuple(values.shape)}"
             )
+    values, old_values, returns = values.float(), old_values.float(), returns.float()
     unclipped = (values - returns) ** 2
     mask = loss_mask.bool()
     if clip is None:
@@ -174,11 +177,13 @@ def kl_per_token(
     """Per-token estimates of KL(policy || reference) from tokens the policy sampled.
 
     With `d = logprobs - ref_logprobs`: k1 = d (unbiased, can be negative), k2 = d^2 / 2,
-    k3 = exp(-d) - 1 + d (unbiased and non-negative).
+    k3 = exp(-d) - 1 + d (unbiased and non-negative). Computed in float32 whatever the input
+    dtype: the difference of two bfloat16 log-probs near -2 has 1/64 resolution, as large as
+    the divergence it measures.
     """
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError("ref_logprobs: shape does not match logprobs")
-    d = logprobs - ref_logprobs
+    d = logprobs.float() - ref_logprobs.float()
     if estimator == "k1":
         return d
     if estimator == "k2":
