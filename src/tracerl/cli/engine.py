@@ -25,19 +25,26 @@ def build_engine(config: EngineConfig) -> Any:
         raise ConfigError(str(e)) from None
 
 
-async def _engine_main(config: EngineCommandConfig) -> int:
+async def _engine_main(config: EngineCommandConfig, sim: bool) -> int:
     from tracerl.cli.gateway import wait_for_signal
     from tracerl.engine.server import build_engine_app, start_server
 
     started = time.monotonic()
-    engine = build_engine(config.engine)
+    middlewares: tuple[Any, ...] = ()
+    if sim:
+        from tracerl.engine.sim import SimEngine, fault_middleware
+
+        engine: Any = SimEngine(config.sim)
+        middlewares = (fault_middleware(engine),)
+    else:
+        engine = build_engine(config.engine)
     await engine.start()
-    app = build_engine_app(engine, config.server.max_request_bytes)
+    app = build_engine_app(engine, config.server.max_request_bytes, middlewares)
     runner, port = await start_server(app, config.server.host, config.server.port)
     loop.settle_heap()
     url = f"http://{config.server.host}:{port}"
     print(
-        f"tracerl engine: model {config.engine.model} on {url} "
+        f"tracerl engine: model {'sim' if sim else config.engine.model} on {url} "
         f"(ready in {time.monotonic() - started:.1f} s)",
         flush=True,
     )
@@ -54,7 +61,7 @@ async def _engine_main(config: EngineCommandConfig) -> int:
         await engine.close()
 
 
-def run_engine(config: EngineCommandConfig) -> int:
+def run_engine(config: EngineCommandConfig, sim: bool = False) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        return loop.run(_engine_main(config))
+        return loop.run(_engine_main(config, sim))
     return 130

@@ -64,7 +64,7 @@ def _cmd_engine(args: argparse.Namespace, overrides: list[str]) -> int:
     config = _finish_config(load_config(EngineCommandConfig, args.config, overrides, base), args)
     from tracerl.cli.engine import run_engine
 
-    return run_engine(config)
+    return run_engine(config, sim=args.sim)
 
 
 def _gateway_base(args: argparse.Namespace) -> dict[str, Any]:
@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--store", help="SQLite trace store file")
         p.add_argument("--admin-key", help="admin key (generated and printed when unset)")
     gateway.add_argument("--engine-url", action="append", help="an engine (repeatable)")
+    engine.add_argument(
+        "--sim", action="store_true", help="the simulated engine (no model; see the sim.* settings)"
+    )
     engine.set_defaults(func=_cmd_engine)
     gateway.set_defaults(func=_cmd_gateway)
     serve.add_argument(

@@ -12,7 +12,13 @@ from tracerl.config.base import (
     parse_overrides,
     save_resolved_config,
 )
-from tracerl.config.engine import EngineCommandConfig, EngineConfig, ServerConfig
+from tracerl.config.engine import (
+    EngineCommandConfig,
+    EngineConfig,
+    ServerConfig,
+    SimEngineConfig,
+    SimFaults,
+)
 from tracerl.config.gateway import GatewayCommandConfig, GatewayConfig, ServeConfig
 
 __all__ = [
@@ -24,6 +30,8 @@ __all__ = [
     "GatewayConfig",
     "ServeConfig",
     "ServerConfig",
+    "SimEngineConfig",
+    "SimFaults",
     "field_help",
     "load_config",
     "parse_overrides",

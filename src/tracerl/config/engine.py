@@ -48,8 +48,64 @@ class ServerConfig(Config):
     """Largest accepted request body."""
 
 
+class SimFaults(Config):
+    """Faults the simulated engine injects, for testing what sits above engines."""
+
+    crash_after_requests: int | None = Field(default=None, ge=0)
+    """Exit the process (code 17) when this many `/generate` requests have arrived."""
+    crash_at_s: float | None = Field(default=None, ge=0)
+    """Exit the process at this simulated time (seconds since start)."""
+    hang_after_requests: int | None = Field(default=None, ge=0)
+    """Stop answering every request (health included) after this many `/generate` requests."""
+    hang_at_s: float | None = Field(default=None, ge=0)
+    """Stop answering at this simulated time."""
+    slowdown: float = Field(default=1.0, ge=1.0)
+    """Multiplier on every step time (a degraded engine)."""
+    malformed_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Fraction of `/generate` replies that are malformed (broken JSON or missing logprobs)."""
+    error_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Fraction of `/generate` requests answered with HTTP 503."""
+    oov_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Fraction of sampled ids drawn from the embedding rows past the vocabulary."""
+
+
+class SimEngineConfig(Config):
+    """The simulated engine: the wire protocol and metrics of a real one, with no model."""
+
+    seed: int = 0
+    """Seeds output lengths, ids, log-probs and fault draws: same seed and requests, same run."""
+    kv_cache_tokens: int = Field(default=65536, ge=16)
+    """KV capacity in tokens; beyond it requests wait, and running ones that outgrow it are
+    preempted and recomputed (counted in `vllm:num_preemptions_total`)."""
+    max_running_requests: int = Field(default=256, ge=1)
+    """Most requests decoded together."""
+    max_model_len: int = Field(default=32768, ge=2)
+    """Longest prompt + completion."""
+    vocab_size: int = Field(default=49152, ge=2)
+    """Ids below this are in the vocabulary."""
+    embedding_size: int = Field(default=49280, ge=2)
+    """Ids below this exist; the rows past `vocab_size` are what OOV faults sample."""
+    eos_token_id: int = Field(default=2, ge=0)
+    """The end-of-sequence id a finished output ends with."""
+    prefill_s_per_token: float = Field(default=2e-5, ge=0)
+    """Simulated prefill time per prompt token."""
+    decode_step_s: float = Field(default=0.02, ge=0)
+    """Simulated time of one decode step with one running request."""
+    decode_step_s_per_request: float = Field(default=2e-4, ge=0)
+    """Added to a step's time for every running request (a bigger batch steps slower)."""
+    output_len_median: float = Field(default=200.0, gt=0)
+    """Median output length; lengths are lognormal around it."""
+    output_len_sigma: float = Field(default=0.8, ge=0)
+    """Log-space spread of output lengths (0: every output has the median length)."""
+    time_scale: float = Field(default=1.0, gt=0)
+    """Simulated seconds per wall second: 3600 runs a simulated hour in one second."""
+    faults: SimFaults = Field(default_factory=SimFaults)
+
+
 class EngineCommandConfig(Config):
     """`tracerl engine`: one engine behind the engine wire protocol."""
 
     engine: EngineConfig = Field(default_factory=EngineConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    sim: SimEngineConfig = Field(default_factory=SimEngineConfig)
+    """Used with `--sim`: the simulated engine instead of a model."""

@@ -155,8 +155,12 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(500, f"engine error: {e}")
 
 
-def build_engine_app(engine: Engine, max_request_bytes: int = 64 * 1024 * 1024) -> web.Application:
-    app = web.Application(client_max_size=max_request_bytes, middlewares=[_errors])
+def build_engine_app(
+    engine: Engine, max_request_bytes: int = 64 * 1024 * 1024, middlewares: tuple[Any, ...] = ()
+) -> web.Application:
+    """The wire protocol in front of `engine`; `middlewares` run first (the simulated engine's
+    fault injection)."""
+    app = web.Application(client_max_size=max_request_bytes, middlewares=[*middlewares, _errors])
     app[ENGINE_KEY] = engine
     app.router.add_post("/generate", generate)
     app.router.add_post("/abort_request", abort_request)
