@@ -64,7 +64,7 @@ async def _gateway_main(config: GatewayConfig) -> int:
 
     from tracerl.engine.client import EngineClient
     from tracerl.models import ModelNotFoundError, resolve_model
-    from tracerl.rollout.pool import EnginePool
+    from tracerl.rollout.pool import EnginePool, Member
 
     if not config.engine_urls:
         raise ConfigError("gateway.engine_urls: give at least one --engine-url")
@@ -73,7 +73,11 @@ async def _gateway_main(config: GatewayConfig) -> int:
     except ModelNotFoundError as e:
         raise ConfigError(f"gateway.model: {e}") from None
     clients = [EngineClient(u, config.request_timeout_s) for u in config.engine_urls]
-    engine: Any = clients[0] if len(clients) == 1 else EnginePool(list(clients))
+    pool = None
+    if len(clients) > 1:  # several engines: health checks, fail-over and resume
+        pool = EnginePool([Member(u, c) for u, c in zip(config.engine_urls, clients, strict=True)])
+        await pool.start()
+    engine: Any = pool or clients[0]
     try:
         await engine.model_info()
     except Exception as e:
@@ -84,6 +88,8 @@ async def _gateway_main(config: GatewayConfig) -> int:
     finally:
         await runner.cleanup()
         await store.close()
+        if pool is not None:
+            await pool.close()
         for client in clients:
             await client.close()
     return 0

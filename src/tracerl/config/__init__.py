@@ -20,6 +20,7 @@ from tracerl.config.engine import (
     SimFaults,
 )
 from tracerl.config.gateway import GatewayCommandConfig, GatewayConfig, ServeConfig
+from tracerl.config.pool import PoolConfig
 
 __all__ = [
     "Config",
@@ -28,6 +29,7 @@ __all__ = [
     "EngineConfig",
     "GatewayCommandConfig",
     "GatewayConfig",
+    "PoolConfig",
     "ServeConfig",
     "ServerConfig",
     "SimEngineConfig",

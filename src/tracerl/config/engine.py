@@ -67,6 +67,8 @@ class SimFaults(Config):
     """Fraction of `/generate` requests answered with HTTP 503."""
     oov_rate: float = Field(default=0.0, ge=0.0, le=1.0)
     """Fraction of sampled ids drawn from the embedding rows past the vocabulary."""
+    fail_weight_updates: bool = False
+    """Refuse every weight update (an engine that cannot take new weights)."""
 
 
 class SimEngineConfig(Config):

@@ -27,6 +27,7 @@ from tracerl.engine.types import (
     RequestError,
     SamplingParams,
 )
+from tracerl.rollout.pool import PoolError
 
 
 class UpstreamError(Exception):
@@ -138,6 +139,8 @@ async def generate(
         raise UpstreamError(400, str(e)) from None
     except EngineError as e:  # an in-process engine failing while generating
         raise UpstreamError(500, str(e)) from None
+    except PoolError as e:  # every engine the pool tried failed
+        raise UpstreamError(503, str(e)) from None
     except (aiohttp.ClientConnectionError, TimeoutError) as e:
         raise EngineUnavailable(f"engine unreachable: {e}") from None
     stop_sequence = None

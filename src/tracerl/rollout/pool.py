@@ -1,19 +1,47 @@
-"""Routing over several engines: a session's requests stay on one engine (prefix-cache locality).
+"""The engine pool: N engines behind the `Engine` protocol, so that an engine that dies, hangs
+or talks nonsense costs time, never a sample.
 
-This is the pool's routing core only: it implements the `Engine` protocol over N engines, sending
-each request to the engine its affinity key hashes to. Health checks, retries on another engine,
-abort/resume and weight-sync fan-out are the engine pool's next layer.
+- Routing: a session's requests stay on one engine while it is active (prefix-cache locality);
+  new sessions go to the active engine with the fewest requests in flight.
+- Health: every engine's `/health` is polled; `failure_threshold` consecutive failures (polls or
+  failed requests) take it out of rotation. Launched engines are restarted, brought to the
+  current weights, checked with `/health_generate` and put back; external ones come back when
+  they answer again. Every transition is logged and counted.
+- Retries: a connection error, a timeout, a 5xx or an invalid reply is retried on another active
+  engine, resuming from the tokens already generated (prompt + partial output as the new input,
+  the remaining budget, ids and log-probs concatenated), up to `max_attempts`; 4xx replies are
+  not retried. An engine abort (a weight sync) resumes the same way without counting a failure.
+- Weight sync: admission pauses; in-flight requests are aborted and resumed on the new weights,
+  or waited for; every active engine loads the weights and must report the new version; one that
+  fails is taken out and restarted rather than left serving old weights. Bounded by a timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import logging
+import time
+from collections import Counter
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
+
+from tracerl.config import PoolConfig
+from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
 from tracerl.engine.protocol import Engine, PauseMode
-from tracerl.engine.types import GenerateOutput, GenerateRequest
+from tracerl.engine.types import EngineError, GenerateOutput, GenerateRequest
+from tracerl.engine.weights import WeightLoadError
+from tracerl.rollout.launcher import EngineLauncher
+
+log = logging.getLogger(__name__)
+
+
+class PoolError(RuntimeError):
+    """A request the pool could not complete on any engine; the message says why."""
 
 
 def affinity_key(rid: str) -> str:
@@ -21,57 +49,373 @@ def affinity_key(rid: str) -> str:
     return rid.split("-", 1)[0]
 
 
-class EnginePool:
-    def __init__(self, engines: list[Engine]) -> None:
-        if not engines:
-            raise ValueError("an engine pool needs at least one engine")
-        self.engines = engines
-        self._owner: dict[str, Engine] = {}
+@dataclass
+class Member:
+    name: str
+    engine: Engine
+    launcher: EngineLauncher | None = None
+    active: bool = True
+    failures: int = 0
+    inflight: int = 0
+    restarting: bool = False
+    weight_version: int = 0
 
-    def route(self, rid: str) -> Engine:
-        digest = hashlib.sha256(affinity_key(rid).encode()).digest()
-        return self.engines[int.from_bytes(digest[:8], "big") % len(self.engines)]
+
+@dataclass
+class _Progress:
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+_RETRYABLE = (aiohttp.ClientError, TimeoutError, EngineReplyError, ConnectionError, EngineError)
+
+
+class EnginePool:
+    def __init__(self, members: list[Member], config: PoolConfig | None = None) -> None:
+        if not members:
+            raise ValueError("an engine pool needs at least one engine")
+        self.members = members
+        self.config = config or PoolConfig()
+        self.counters: Counter[str] = Counter()
+        self.weight_version = 0
+        self.weights_path: str | None = None
+        self._affinity: dict[str, Member] = {}
+        self._admission = asyncio.Event()
+        self._admission.set()
+        self._changed = asyncio.Event()
+        self._update_lock = asyncio.Lock()
+        self._health_task: asyncio.Task[None] | None = None
+        self._restarts: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def launch(
+        cls,
+        launchers: list[EngineLauncher],
+        externals: list[str] = (),  # type: ignore[assignment]
+        config: PoolConfig | None = None,
+    ) -> EnginePool:
+        """A pool of launched engines (started now) plus engines others run (by URL)."""
+        urls = await asyncio.gather(*(launcher.start() for launcher in launchers))
+        timeout = (config or PoolConfig()).request_timeout_s
+        members = [
+            Member(f"launched-{i}", EngineClient(url, timeout), launcher)
+            for i, (url, launcher) in enumerate(zip(urls, launchers, strict=True))
+        ]
+        members += [Member(url, EngineClient(url, timeout)) for url in externals]
+        return cls(members, config)
+
+    async def start(self) -> None:
+        if self._health_task is None:
+            self._health_task = asyncio.create_task(self._health_loop())
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._health_task, *self._restarts) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._health_task = None
+        for m in self.members:
+            if m.launcher is not None:
+                await m.launcher.stop()
+            if isinstance(m.engine, EngineClient):
+                await m.engine.close()
+
+    # ------------------------------------------------------------------ routing
+
+    def _mark(self, member: Member, ok: bool, reason: str = "") -> None:
+        if ok:
+            member.failures = 0
+            return
+        member.failures += 1
+        if member.active and member.failures >= self.config.failure_threshold:
+            member.active = False
+            self.counters["deactivated"] += 1
+            log.warning("engine %s taken out of rotation: %s", member.name, reason)
+            self._changed.set()
+            if member.launcher is not None and not member.restarting:
+                task = asyncio.create_task(self._restart(member))
+                self._restarts.add(task)
+                task.add_done_callback(self._restarts.discard)
+
+    async def _pick(self, key: str, exclude: set[str]) -> Member:
+        deadline = time.monotonic() + self.config.no_engine_wait_s
+        while True:
+            sticky = self._affinity.get(key)
+            if sticky is not None and sticky.active and sticky.name not in exclude:
+                return sticky
+            candidates = [m for m in self.members if m.active and m.name not in exclude]
+            if not candidates:  # every other engine failed this request: allow a retry there
+                candidates = [m for m in self.members if m.active]
+            if candidates:
+                chosen = min(candidates, key=lambda m: (m.inflight, _tiebreak(key, m.name)))
+                self._affinity[key] = chosen
+                return chosen
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PoolError("no active engine (all failed health checks)")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), min(remaining, 1.0))
+
+    # ------------------------------------------------------------------ generation
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        return await self.route(request.rid).generate(request)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        last: GenerateOutput | None = None
+        async for chunk in self.generate_stream(request):
+            ids += chunk.output_ids
+            logprobs += chunk.output_logprobs
+            last = chunk
+        assert last is not None
+        last.output_ids, last.output_logprobs = ids, logprobs
+        return last
 
     async def generate_stream(
         self, request: GenerateRequest
     ) -> AsyncGenerator[GenerateOutput, None]:
-        engine = self.route(request.rid)
-        self._owner[request.rid] = engine
-        try:
-            async for chunk in engine.generate_stream(request):
-                yield chunk
-        finally:
-            self._owner.pop(request.rid, None)
+        key = affinity_key(request.rid)
+        progress = _Progress()
+        failed_on: set[str] = set()
+        reasons: list[str] = []
+        budget = request.sampling_params.max_new_tokens
+        attempts = 0
+        while True:
+            await self._admission.wait()
+            remaining = None if budget is None else budget - len(progress.ids)
+            if remaining is not None and remaining <= 0:
+                yield self._final(request, progress, "length")
+                return
+            if attempts >= self.config.max_attempts:
+                self.counters["exhausted"] += 1
+                raise PoolError(
+                    f"request {request.rid} failed on {attempts} attempts: " + "; ".join(reasons)
+                )
+            attempts += 1
+            member = await self._pick(key, failed_on)
+            attempt = self._resumed(request, progress, attempts, remaining)
+            if attempts > 1:
+                self.counters["resumes" if progress.ids else "retries"] += 1
+            finish = None
+            member.inflight += 1
+            try:
+                async with contextlib.aclosing(member.engine.generate_stream(attempt)) as chunks:
+                    while True:
+                        chunk = await asyncio.wait_for(
+                            anext(chunks, None), self.config.request_timeout_s
+                        )
+                        if chunk is None:
+                            raise EngineReplyError("stream ended without a finish reason")
+                        if len(chunk.output_ids) != len(chunk.output_logprobs):
+                            raise EngineReplyError("ids and logprobs of different lengths")
+                        progress.ids += chunk.output_ids
+                        progress.logprobs += chunk.output_logprobs
+                        progress.versions += [chunk.weight_version] * len(chunk.output_ids)
+                        finish = chunk.finish_reason
+                        if finish == "abort":
+                            break  # resumed below; not the caller's business
+                        chunk.rid = request.rid
+                        chunk.prompt_tokens = len(request.input_ids)
+                        chunk.completion_tokens = len(progress.ids)
+                        yield chunk
+                        if finish is not None:
+                            break
+            except EngineHTTPError as e:
+                if e.status < 500:
+                    raise  # the request itself is wrong: another engine would say the same
+                reasons.append(f"{member.name}: HTTP {e.status}")
+                failed_on.add(member.name)
+                self._mark(member, False, f"HTTP {e.status}")
+                continue
+            except _RETRYABLE as e:
+                reasons.append(f"{member.name}: {type(e).__name__}: {e}")
+                failed_on.add(member.name)
+                self._mark(member, False, f"{type(e).__name__}: {e}")
+                continue
+            finally:
+                member.inflight -= 1
+            self._mark(member, True)
+            if finish == "abort":
+                self.counters["aborted_resumed"] += 1
+                attempts -= 1  # an abort (weight sync) is not a failed attempt
+                continue
+            return
 
-    async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
-        if abort_all:
-            counts = await asyncio.gather(*(e.abort(abort_all=True) for e in self.engines))
-            return sum(counts)
-        engine = self._owner.get(rid or "")
-        return await engine.abort(rid) if engine is not None else 0
-
-    async def pause(self, mode: PauseMode = "in_place") -> None:
-        await asyncio.gather(*(e.pause(mode) for e in self.engines))
-
-    async def resume(self) -> None:
-        await asyncio.gather(*(e.resume() for e in self.engines))
-
-    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
-        await asyncio.gather(
-            *(e.update_weights_from_disk(model_path, weight_version) for e in self.engines)
+    @staticmethod
+    def _resumed(
+        request: GenerateRequest, progress: _Progress, attempt: int, remaining: int | None
+    ) -> GenerateRequest:
+        if attempt == 1 and not progress.ids:
+            return request
+        params = request.sampling_params.model_copy(update={"max_new_tokens": remaining})
+        return request.model_copy(
+            update={
+                "rid": f"{request.rid}-a{attempt}",
+                "input_ids": request.input_ids + progress.ids,
+                "sampling_params": params,
+            }
         )
 
+    @staticmethod
+    def _final(request: GenerateRequest, progress: _Progress, finish: str) -> GenerateOutput:
+        return GenerateOutput(
+            rid=request.rid,
+            output_ids=[],
+            output_logprobs=[],
+            prompt_tokens=len(request.input_ids),
+            completion_tokens=len(progress.ids),
+            weight_version=progress.versions[-1] if progress.versions else 0,
+            finish_reason=finish,  # type: ignore[arg-type]
+        )
+
+    # ------------------------------------------------------------------ health
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._check(m) for m in self.members))
+            await asyncio.sleep(self.config.health_interval_s)
+
+    async def _check(self, member: Member) -> None:
+        if member.restarting:
+            return
+        ok = member.launcher is None or member.launcher.alive()
+        if ok:
+            try:
+                ok = await asyncio.wait_for(member.engine.health(), self.config.health_timeout_s)
+            except (TimeoutError, aiohttp.ClientError, ConnectionError):
+                ok = False
+        if ok and not member.active and member.launcher is None:
+            member.active, member.failures = True, 0
+            self.counters["reactivated"] += 1
+            log.info("engine %s answers again: back in rotation", member.name)
+            self._changed.set()
+            return
+        self._mark(member, ok, "health check failed")
+
+    async def _restart(self, member: Member) -> None:
+        assert member.launcher is not None
+        member.restarting = True
+        try:
+            while True:
+                try:
+                    await member.launcher.stop()
+                    url = await member.launcher.start()
+                    if isinstance(member.engine, EngineClient):
+                        await member.engine.close()
+                    member.engine = EngineClient(url, self.config.request_timeout_s)
+                    if self.weights_path is not None:
+                        await member.engine.update_weights_from_disk(
+                            self.weights_path, self.weight_version
+                        )
+                    member.weight_version = self.weight_version
+                    if not await member.engine.health_generate():
+                        raise RuntimeError("health_generate failed")
+                    break
+                except Exception as e:
+                    log.warning("restarting engine %s failed (%s); trying again", member.name, e)
+                    await asyncio.sleep(self.config.health_interval_s)
+            member.active, member.failures = True, 0
+            self.counters["restarts"] += 1
+            log.info("engine %s restarted at %s and back in rotation", member.name, url)
+            self._changed.set()
+        finally:
+            member.restarting = False
+
+    # ------------------------------------------------------------------ weight sync
+
+    async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
+        """Bring every active engine to `weight_version` (see the module docstring)."""
+        async with self._update_lock:
+            self._admission.clear()
+            try:
+                await asyncio.wait_for(
+                    self._sync(model_path, weight_version), self.config.update_timeout_s
+                )
+            finally:
+                self._admission.set()
+
+    async def _sync(self, model_path: str, version: int) -> None:
+        active = [m for m in self.members if m.active]
+        if self.config.update_mode == "wait":
+            while any(m.inflight for m in self.members):
+                await asyncio.sleep(0.01)
+        else:
+            await asyncio.gather(*(m.engine.pause("abort") for m in active), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self._load(m, model_path, version) for m in active), return_exceptions=True
+        )
+        self.weights_path, self.weight_version = model_path, version
+        for member, result in zip(active, results, strict=True):
+            if result is not True:
+                self.counters["update_failed"] += 1
+                member.failures = self.config.failure_threshold - 1
+                self._mark(member, False, f"weight update to v{version} failed: {result}")
+        if self.config.update_mode == "abort_resume":
+            await asyncio.gather(
+                *(m.engine.resume() for m in active if m.active), return_exceptions=True
+            )
+
+    async def _load(self, member: Member, model_path: str, version: int) -> bool:
+        try:
+            await member.engine.update_weights_from_disk(model_path, version)
+            info = await member.engine.model_info()
+        except (WeightLoadError, EngineHTTPError, *_RETRYABLE) as e:
+            return e  # type: ignore[return-value]
+        if int(info.get("weight_version", -1)) != version:
+            return RuntimeError(f"reports v{info.get('weight_version')}")  # type: ignore[return-value]
+        member.weight_version = version
+        return True
+
+    # ------------------------------------------------------------------ Engine protocol rest
+
+    async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
+        counts = await asyncio.gather(
+            *(m.engine.abort(rid, abort_all=abort_all) for m in self.members if m.active),
+            return_exceptions=True,
+        )
+        return sum(c for c in counts if isinstance(c, int))
+
+    async def pause(self, mode: PauseMode = "in_place") -> None:
+        await asyncio.gather(*(m.engine.pause(mode) for m in self.members if m.active))
+
+    async def resume(self) -> None:
+        await asyncio.gather(*(m.engine.resume() for m in self.members if m.active))
+
     async def health(self) -> bool:
-        return all(await asyncio.gather(*(e.health() for e in self.engines)))
+        return any(m.active for m in self.members)
 
     async def health_generate(self) -> bool:
-        return all(await asyncio.gather(*(e.health_generate() for e in self.engines)))
+        checks = await asyncio.gather(
+            *(m.engine.health_generate() for m in self.members if m.active), return_exceptions=True
+        )
+        return any(c is True for c in checks)
 
     async def model_info(self) -> dict[str, Any]:
-        return await self.engines[0].model_info()
+        for m in self.members:
+            if m.active:
+                return await m.engine.model_info()
+        raise PoolError("no active engine")
 
     async def metrics_text(self) -> str:
-        return "".join(await asyncio.gather(*(e.metrics_text() for e in self.engines)))
+        texts = await asyncio.gather(
+            *(m.engine.metrics_text() for m in self.members if m.active), return_exceptions=True
+        )
+        return "".join(t for t in texts if isinstance(t, str))
+
+    def status(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": m.name,
+                "active": m.active,
+                "failures": m.failures,
+                "inflight": m.inflight,
+                "restarting": m.restarting,
+                "weight_version": m.weight_version,
+            }
+            for m in self.members
+        ]
+
+
+def _tiebreak(key: str, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{key}/{name}".encode()).digest()[:4], "big")

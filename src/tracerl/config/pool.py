@@ -1,0 +1,29 @@
+"""Configuration of the engine pool: health checking, retries and weight sync."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tracerl.config.base import Config
+
+
+class PoolConfig(Config):
+    health_interval_s: float = Field(default=2.0, gt=0)
+    """How often every engine's `/health` is polled."""
+    health_timeout_s: float = Field(default=5.0, gt=0)
+    """A health poll that takes longer counts as a failure."""
+    failure_threshold: int = Field(default=3, ge=1)
+    """Consecutive failures (polls or requests) that take an engine out of rotation."""
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    """Longest wait for an engine's next reply chunk before the attempt fails over."""
+    max_attempts: int = Field(default=4, ge=1)
+    """Attempts per request, the first included; each retry resumes from the tokens so far."""
+    no_engine_wait_s: float = Field(default=60.0, ge=0)
+    """How long a request waits for an engine to become active before failing."""
+    update_mode: Literal["abort_resume", "wait"] = "abort_resume"
+    """Weight sync: abort in-flight requests and resume them on the new weights, or wait for
+    them to finish first."""
+    update_timeout_s: float = Field(default=600.0, gt=0)
+    """A weight sync that takes longer fails (admission reopens; nothing hangs forever)."""

@@ -1,0 +1,84 @@
+"""Engines tracerl starts itself: a process it can start, stop and restart.
+
+`ProcessLauncher` runs any command that prints its `http://127.0.0.1:PORT` URL when ready (the
+embedded or simulated `tracerl engine`, or a vLLM/SGLang server behind a small wrapper), so the
+pool treats every kind of launched engine the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import Protocol
+
+_URL = re.compile(rb"http://127\.0\.0\.1:\d+")
+
+
+class EngineLauncher(Protocol):
+    async def start(self) -> str:
+        """Start the engine; return its base URL once it is ready."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    def alive(self) -> bool: ...
+
+
+class ProcessLauncher:
+    def __init__(self, argv: list[str], ready_timeout_s: float = 180.0) -> None:
+        self.argv = argv
+        self.ready_timeout_s = ready_timeout_s
+        self.process: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        self.process = await asyncio.create_subprocess_exec(
+            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+        )
+        assert self.process.stdout is not None
+        stdout = self.process.stdout
+
+        async def ready() -> str:
+            while True:
+                line = await stdout.readline()
+                if not line:
+                    raise RuntimeError(f"engine exited before it was ready: {self.argv[:6]}")
+                match = _URL.search(line)
+                if match:
+                    return match.group(0).decode()
+
+        try:
+            url = await asyncio.wait_for(ready(), self.ready_timeout_s)
+        except BaseException:
+            await self.stop()
+            raise
+        self._drain = asyncio.create_task(self._discard(stdout))  # keep the pipe from filling
+        return url
+
+    @staticmethod
+    async def _discard(stream: asyncio.StreamReader) -> None:
+        while await stream.readline():
+            pass
+
+    async def stop(self) -> None:
+        proc, self.process = self.process, None
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self._drain is not None:
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+            self._drain = None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None

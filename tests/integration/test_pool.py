@@ -1,0 +1,174 @@
+"""The engine pool over simulated engines: retries, resume, health, restarts, weight sync."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from tracerl.config import PoolConfig, SimEngineConfig, SimFaults
+from tracerl.engine.client import EngineClient, EngineHTTPError
+from tracerl.engine.server import build_engine_app, start_server
+from tracerl.engine.sim import SimEngine, fault_middleware
+from tracerl.engine.types import GenerateRequest
+from tracerl.rollout.launcher import ProcessLauncher
+from tracerl.rollout.pool import EnginePool, Member, PoolError
+
+FAST = {"time_scale": 1000.0, "output_len_median": 30.0, "output_len_sigma": 0.3}
+
+
+def req(rid: str, n: int | None = None, prompt: int = 8) -> GenerateRequest:
+    return GenerateRequest(
+        rid=rid,
+        input_ids=list(range(1, prompt + 1)),
+        sampling_params={"max_new_tokens": n, "ignore_eos": n is not None},
+    )
+
+
+@pytest.fixture
+async def sims() -> AsyncIterator[Any]:
+    started: list[tuple[Any, SimEngine, EngineClient]] = []
+
+    async def build(n: int, faults: list[dict] | None = None, **overrides: Any) -> list[Member]:
+        members = []
+        for i in range(n):
+            f = SimFaults(**((faults or [{}] * n)[i]))
+            engine = SimEngine(SimEngineConfig(**{**FAST, **overrides}, seed=i, faults=f))
+            await engine.start()  # as `tracerl engine --sim` does: timed faults start now
+            app = build_engine_app(engine, middlewares=(fault_middleware(engine),))
+            runner, port = await start_server(app, "127.0.0.1", 0)
+            client = EngineClient(f"http://127.0.0.1:{port}", timeout_s=30)
+            started.append((runner, engine, client))
+            members.append(Member(f"sim{i}", client))
+        return members
+
+    yield build
+    for runner, engine, client in started:
+        await client.close()
+        await runner.cleanup()
+        await engine.close()
+
+
+async def test_5xx_and_malformed_replies_move_to_a_healthy_engine(sims) -> None:
+    members = await sims(3, faults=[{"error_rate": 1.0}, {"malformed_rate": 1.0}, {}])
+    pool = EnginePool(members, PoolConfig(failure_threshold=2))
+    outs = await asyncio.gather(*(pool.generate(req(f"s{i}", 12)) for i in range(12)))
+    assert all(len(o.output_ids) == len(o.output_logprobs) == 12 for o in outs)
+    assert pool.counters["retries"] > 0
+    assert [m.active for m in pool.members] == [False, False, True]
+
+
+async def test_4xx_is_not_retried_and_exhaustion_names_the_reasons(sims) -> None:
+    members = await sims(2)
+    pool = EnginePool(members)
+    bad = GenerateRequest(rid="bad", input_ids=[10**6])
+    with pytest.raises(EngineHTTPError) as err:
+        await pool.generate(bad)
+    assert err.value.status == 400 and pool.counters["retries"] == 0
+    broken = await sims(2, faults=[{"error_rate": 1.0}] * 2)
+    pool = EnginePool(broken, PoolConfig(max_attempts=3, failure_threshold=10))
+    with pytest.raises(PoolError, match=r"failed on 3 attempts: sim\d: HTTP 503"):
+        await pool.generate(req("doomed", 5))
+
+
+async def test_a_hung_engine_is_detected_and_its_work_moves(sims) -> None:
+    members = await sims(2, faults=[{"hang_at_s": 0.0}, {}])
+    config = PoolConfig(
+        health_interval_s=0.1, health_timeout_s=0.2, failure_threshold=2, request_timeout_s=0.5
+    )
+    pool = EnginePool(members, config)
+    started = time.monotonic()
+    await pool.start()
+    while pool.members[0].active:
+        assert time.monotonic() - started < 5
+        await asyncio.sleep(0.01)
+    detected = time.monotonic() - started
+    bound = config.health_interval_s * config.failure_threshold + config.health_timeout_s
+    assert detected <= bound + 0.3, detected  # scheduling slack on a busy machine
+    outs = await asyncio.gather(*(pool.generate(req(f"h{i}", 6)) for i in range(4)))
+    assert all(len(o.output_ids) == 6 for o in outs)
+    await pool.close()
+
+
+async def test_weight_sync_under_load_loses_and_duplicates_nothing(sims, tmp_path) -> None:
+    members = await sims(2, time_scale=50.0)  # 100 tokens take ~0.2 s of wall time
+    pool = EnginePool(members, PoolConfig(update_mode="abort_resume"))
+    tasks = [asyncio.create_task(pool.generate(req(f"w{i}", 100))) for i in range(8)]
+    await asyncio.sleep(0.05)
+    await pool.update_weights_from_disk(str(tmp_path), 1)
+    outs = await asyncio.gather(*tasks)
+    assert sorted(o.rid for o in outs) == sorted(f"w{i}" for i in range(8))
+    assert all(len(o.output_ids) == len(o.output_logprobs) == 100 for o in outs)
+    assert all(o.weight_version == 1 for o in outs)
+    assert pool.counters["aborted_resumed"] > 0
+    assert [m.weight_version for m in pool.members] == [1, 1]
+    waiting = EnginePool(await sims(2, time_scale=50.0), PoolConfig(update_mode="wait"))
+    tasks = [asyncio.create_task(waiting.generate(req(f"v{i}", 50))) for i in range(4)]
+    await asyncio.sleep(0.02)
+    await waiting.update_weights_from_disk(str(tmp_path), 2)
+    assert all(t.done() for t in tasks)  # the sync waited for them
+    assert {(await t).weight_version for t in tasks} == {0}
+    assert waiting.counters["aborted_resumed"] == 0
+
+
+async def test_an_engine_that_cannot_take_weights_leaves_rotation(sims, tmp_path) -> None:
+    members = await sims(2, faults=[{"fail_weight_updates": True}, {}])
+    pool = EnginePool(members)
+    await pool.update_weights_from_disk(str(tmp_path), 3)
+    assert [m.active for m in pool.members] == [False, True]
+    out = await pool.generate(req("after", 5))
+    assert out.weight_version == 3  # never served by the stale engine
+
+
+async def test_a_killed_launched_engine_loses_no_request_and_is_restarted() -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "tracerl.cli.main",
+        "engine",
+        "--sim",
+        "--port",
+        "0",
+        "--sim.time_scale=2",
+        "--sim.decode_step_s=0.01",
+    ]
+    pool = await EnginePool.launch(
+        [ProcessLauncher(argv), ProcessLauncher(argv)],
+        config=PoolConfig(
+            health_interval_s=0.2, health_timeout_s=1.0, failure_threshold=1, request_timeout_s=5.0
+        ),
+    )
+    await pool.start()
+    try:
+        chunks: dict[str, list] = {f"k{i}": [] for i in range(6)}
+
+        async def run(rid: str) -> None:
+            async for chunk in pool.generate_stream(req(rid, 80)):
+                chunks[rid].append(chunk)
+
+        tasks = [asyncio.create_task(run(rid)) for rid in chunks]
+        deadline = time.monotonic() + 30
+        while sum(len(c) for c in chunks.values()) < 30:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        victim = pool.members[0].launcher
+        assert isinstance(victim, ProcessLauncher) and victim.process is not None
+        victim.process.kill()  # kill -9 in the middle of generations
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        for rid, got in chunks.items():
+            ids = [t for c in got for t in c.output_ids]
+            logprobs = [lp for c in got for lp in c.output_logprobs]
+            assert len(ids) == len(logprobs) == 80, rid
+            assert got[-1].finish_reason == "length" and got[-1].completion_tokens == 80
+        assert pool.counters["resumes"] + pool.counters["retries"] > 0
+        while pool.counters["restarts"] < 1 or not pool.members[0].active:
+            assert time.monotonic() < deadline + 60
+            await asyncio.sleep(0.05)
+        out = await pool.generate(req("after-restart", 5))
+        assert len(out.output_ids) == 5
+    finally:
+        await pool.close()
