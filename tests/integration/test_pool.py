@@ -104,6 +104,8 @@ async def test_weight_sync_under_load_loses_and_duplicates_nothing(sims, tmp_pat
     assert sorted(o.rid for o in outs) == sorted(f"w{i}" for i in range(8))
     assert all(len(o.output_ids) == len(o.output_logprobs) == 100 for o in outs)
     assert all(o.weight_version == 1 for o in outs)
+    # requests aborted mid-way by the sync carry tokens from both versions, and say so
+    assert any(o.min_weight_version == 0 for o in outs)
     assert pool.counters["aborted_resumed"] > 0
     assert [m.weight_version for m in pool.members] == [1, 1]
     waiting = EnginePool(await sims(2, time_scale=50.0), PoolConfig(update_mode="wait"))
@@ -172,3 +174,23 @@ async def test_a_killed_launched_engine_loses_no_request_and_is_restarted() -> N
         assert len(out.output_ids) == 5
     finally:
         await pool.close()
+
+
+async def test_launcher_waits_for_health_on_a_known_port() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launcher = ProcessLauncher(
+        [sys.executable, "-m", "tracerl.cli.main", "engine", "--sim", "--port", str(port)],
+        url=f"http://127.0.0.1:{port}",
+    )
+    try:
+        url = await launcher.start()
+        client = EngineClient(url)
+        assert await client.health()
+        await client.close()
+    finally:
+        await launcher.stop()
+    assert not launcher.alive()

@@ -90,6 +90,9 @@ class GenerateOutput:
     finish_reason: FinishType | None = None
     text: str = ""
     matched_stop: int | None = None
+    min_weight_version: int | None = None
+    """Oldest weights any token of this generation came from, when a resumed generation crossed
+    a weight update (the pool sets it; `weight_version` is the newest)."""
 
     def to_wire(self) -> dict[str, Any]:
         finish: dict[str, Any] | None = None
@@ -110,6 +113,11 @@ class GenerateOutput:
                     for lp, tid in zip(self.output_logprobs, self.output_ids, strict=True)
                 ],
                 "weight_version": self.weight_version,
+                **(
+                    {"min_weight_version": self.min_weight_version}
+                    if self.min_weight_version is not None
+                    else {}
+                ),
             },
         }
 

@@ -68,6 +68,7 @@ class Completion:
     """All sampled ids decoded with special tokens: what follows the prompt text."""
     weight_version: int
     prompt_tokens: int
+    min_weight_version: int | None = None
 
 
 async def generate(
@@ -102,6 +103,7 @@ async def generate(
     logprobs: list[float] = []
     finish: str | None = None
     version = 0
+    min_version: int | None = None
     detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
     incremental = stream or bool(spec.stop)  # otherwise the text is decoded once, at the end
     text = ""
@@ -117,6 +119,8 @@ async def generate(
                 ids += chunk.output_ids
                 logprobs += chunk.output_logprobs
                 version = chunk.weight_version
+                if chunk.min_weight_version is not None:
+                    min_version = chunk.min_weight_version
                 if incremental:
                     text += detok.add(chunk.output_ids)
                 if chunk.finish_reason is not None:
@@ -164,6 +168,7 @@ async def generate(
         full_text=safe_decode(tokenizer, ids),
         weight_version=version,
         prompt_tokens=len(prompt_ids),
+        min_weight_version=min_version,
     )
 
 

@@ -20,6 +20,8 @@ class Turn(BaseModel):
     completion_logprobs: list[float]
     finish_reason: TurnFinish
     weight_version: int
+    weight_version_min: int | None = None
+    """Set when the turn's tokens span a weight update (a resumed generation): the oldest."""
     client_disconnected: bool = False
     request: dict[str, Any]
     response: dict[str, Any]

@@ -1,8 +1,9 @@
 """Engines tracerl starts itself: a process it can start, stop and restart.
 
-`ProcessLauncher` runs any command that prints its `http://127.0.0.1:PORT` URL when ready (the
-embedded or simulated `tracerl engine`, or a vLLM/SGLang server behind a small wrapper), so the
-pool treats every kind of launched engine the same way.
+`ProcessLauncher` runs any command that serves the engine wire protocol: either one that prints
+its `http://127.0.0.1:PORT` URL when ready (the embedded or simulated `tracerl engine`), or, given
+`url`, one started on a known port and ready when `GET url/health` answers 200 (an SGLang server,
+or vLLM behind the adapter), so the pool treats every kind of launched engine the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import asyncio
 import contextlib
 import re
 from typing import Protocol
+
+import aiohttp
 
 _URL = re.compile(rb"http://127\.0\.0\.1:\d+")
 
@@ -26,8 +29,11 @@ class EngineLauncher(Protocol):
 
 
 class ProcessLauncher:
-    def __init__(self, argv: list[str], ready_timeout_s: float = 180.0) -> None:
+    def __init__(
+        self, argv: list[str], url: str | None = None, ready_timeout_s: float = 180.0
+    ) -> None:
         self.argv = argv
+        self.url = url
         self.ready_timeout_s = ready_timeout_s
         self.process: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -40,6 +46,8 @@ class ProcessLauncher:
         stdout = self.process.stdout
 
         async def ready() -> str:
+            if self.url is not None:
+                return await self._health_ready(self.url)
             while True:
                 line = await stdout.readline()
                 if not line:
@@ -55,6 +63,17 @@ class ProcessLauncher:
             raise
         self._drain = asyncio.create_task(self._discard(stdout))  # keep the pipe from filling
         return url
+
+    async def _health_ready(self, url: str) -> str:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+            while True:
+                if not self.alive():
+                    raise RuntimeError(f"engine exited before it was ready: {self.argv[:6]}")
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with http.get(f"{url}/health") as resp:
+                        if resp.status == 200:
+                            return url
+                await asyncio.sleep(0.2)
 
     @staticmethod
     async def _discard(stream: asyncio.StreamReader) -> None:

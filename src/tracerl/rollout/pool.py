@@ -218,6 +218,8 @@ class EnginePool:
                         chunk.rid = request.rid
                         chunk.prompt_tokens = len(request.input_ids)
                         chunk.completion_tokens = len(progress.ids)
+                        if progress.versions and min(progress.versions) != chunk.weight_version:
+                            chunk.min_weight_version = min(progress.versions)
                         yield chunk
                         if finish is not None:
                             break
