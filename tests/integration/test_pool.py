@@ -194,3 +194,30 @@ async def test_launcher_waits_for_health_on_a_known_port() -> None:
     finally:
         await launcher.stop()
     assert not launcher.alive()
+
+
+async def test_in_process_engines_take_weights_without_disk(make_engine) -> None:
+    import torch
+
+    engines = [make_engine(), make_engine()]
+    pool = EnginePool([Member(f"local{i}", e) for i, e in enumerate(engines)])
+    r = GenerateRequest(
+        rid="g",
+        input_ids=[5, 6, 7],
+        sampling_params={"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True},
+    )
+    before = await pool.generate(r)
+    new = [
+        (n, p.detach() * -1.0) if n == "lm_head.weight" else (n, p.detach())
+        for n, p in engines[0].model.named_parameters()
+    ]
+    await pool.update_weights(None, 5, named_tensors=new)
+    assert [e.weight_version for e in engines] == [5, 5]
+    after = await pool.generate(r.model_copy(update={"rid": "h"}))
+    assert after.weight_version == 5 and after.output_ids != before.output_ids
+    with pytest.raises(ValueError, match="model_path: required"):
+        await EnginePool([Member("x", EngineClient("http://127.0.0.1:9"))]).update_weights(
+            None, 6, named_tensors=new
+        )
+    head = dict(new)["lm_head.weight"]
+    assert all(torch.equal(e.model.lm_head.weight, head) for e in engines)

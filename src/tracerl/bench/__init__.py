@@ -11,6 +11,10 @@ def run_benchmark(name: str, args: argparse.Namespace) -> int:
         from tracerl.bench.engine import main
 
         return main(args)
+    if name == "faults":
+        from tracerl.bench.faults import main as faults_main
+
+        return faults_main(args)
     if name == "gae":
         from tracerl.bench.gae import main as gae_main
 

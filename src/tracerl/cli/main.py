@@ -18,7 +18,7 @@ from tracerl.config import (
     save_resolved_config,
 )
 
-BENCHMARKS = ("engine", "gateway", "gae")
+BENCHMARKS = ("engine", "gateway", "gae", "faults")
 
 
 def _config_epilog(cls: Any) -> str:
@@ -171,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--rounds", type=int, default=2, help="alternating engine/generate rounds (totals)"
     )
+    bench.add_argument("--sessions", type=int, default=500, help="faults: soak sessions")
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration")
     bench.add_argument(
         "--sessions-1", type=int, default=20, help="gateway: 10-turn sessions run one at a time"

@@ -14,8 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from tracerl.engine.protocol import PAUSE_MODES, Engine
-from tracerl.engine.types import GenerateRequest, RequestError
-from tracerl.engine.weights import WeightLoadError
+from tracerl.engine.types import GenerateRequest, RequestError, WeightLoadError
 
 log = logging.getLogger(__name__)
 

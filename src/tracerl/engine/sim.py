@@ -38,8 +38,8 @@ from tracerl.engine.types import (
     GenerateRequest,
     RequestError,
     SamplingParams,
+    WeightLoadError,
 )
-from tracerl.engine.weights import WeightLoadError
 
 # Exit code of a simulated crash, so a supervisor can tell it from a real failure.
 CRASH_EXIT_CODE = 17

@@ -24,6 +24,10 @@ class RequestError(ValueError):
         self.field = field
 
 
+class WeightLoadError(ValueError):
+    """New weights that cannot be loaded; the engine keeps serving its previous weights."""
+
+
 class EngineError(RuntimeError):
     """The engine failed while running a request (the request gets no result)."""
 

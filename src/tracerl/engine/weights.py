@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from tracerl.engine.types import WeightLoadError
 
-class WeightLoadError(ValueError):
-    pass
+__all__ = ["WeightLoadError", "copy_weights", "read_weights_dir"]
 
 
 def read_weights_dir(path: Path) -> dict[str, torch.Tensor]:

@@ -194,6 +194,11 @@ class Gateway:
         lines = ["# TYPE tracerl_gateway_events_total counter"]
         for event, count in sorted(self.counters.items()):
             lines.append(f'tracerl_gateway_events_total{{event="{event}"}} {count}')
+        pool_counters = getattr(self.engine, "counters", None)  # the engine pool's transitions
+        if pool_counters is not None:
+            lines.append("# TYPE tracerl_pool_events_total counter")
+            for event, count in sorted(pool_counters.items()):
+                lines.append(f'tracerl_pool_events_total{{event="{event}"}} {count}')
         lines.append("# TYPE tracerl_gateway_sessions_open gauge")
         open_sessions = sum(not s.closed for s in self.sessions.values())
         lines.append(f"tracerl_gateway_sessions_open {open_sessions}")

@@ -24,7 +24,7 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,8 +33,7 @@ import aiohttp
 from tracerl.config import PoolConfig
 from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
 from tracerl.engine.protocol import Engine, PauseMode
-from tracerl.engine.types import EngineError, GenerateOutput, GenerateRequest
-from tracerl.engine.weights import WeightLoadError
+from tracerl.engine.types import EngineError, GenerateOutput, GenerateRequest, WeightLoadError
 from tracerl.rollout.launcher import EngineLauncher
 
 log = logging.getLogger(__name__)
@@ -59,6 +58,7 @@ class Member:
     inflight: int = 0
     restarting: bool = False
     weight_version: int = 0
+    last_ok: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -86,13 +86,14 @@ class EnginePool:
         self._changed = asyncio.Event()
         self._update_lock = asyncio.Lock()
         self._health_task: asyncio.Task[None] | None = None
+        self.detection_s: list[float] = []  # last good contact -> taken out, per deactivation
         self._restarts: set[asyncio.Task[None]] = set()
 
     @classmethod
     async def launch(
         cls,
-        launchers: list[EngineLauncher],
-        externals: list[str] = (),  # type: ignore[assignment]
+        launchers: Sequence[EngineLauncher],
+        externals: Sequence[str] = (),
         config: PoolConfig | None = None,
     ) -> EnginePool:
         """A pool of launched engines (started now) plus engines others run (by URL)."""
@@ -126,11 +127,13 @@ class EnginePool:
     def _mark(self, member: Member, ok: bool, reason: str = "") -> None:
         if ok:
             member.failures = 0
+            member.last_ok = time.monotonic()
             return
         member.failures += 1
         if member.active and member.failures >= self.config.failure_threshold:
             member.active = False
             self.counters["deactivated"] += 1
+            self.detection_s.append(time.monotonic() - member.last_ok)
             log.warning("engine %s taken out of rotation: %s", member.name, reason)
             self._changed.set()
             if member.launcher is not None and not member.restarting:
@@ -299,6 +302,11 @@ class EnginePool:
         assert member.launcher is not None
         member.restarting = True
         try:
+            if self.weight_version and self.weights_path is None:
+                log.error("engine %s cannot be restarted at v%d: those weights were pushed in "
+                          "process only; it stays out of rotation", member.name,
+                          self.weight_version)
+                return
             while True:
                 try:
                     await member.launcher.stop()
@@ -318,6 +326,7 @@ class EnginePool:
                     log.warning("restarting engine %s failed (%s); trying again", member.name, e)
                     await asyncio.sleep(self.config.health_interval_s)
             member.active, member.failures = True, 0
+            member.last_ok = time.monotonic()
             self.counters["restarts"] += 1
             log.info("engine %s restarted at %s and back in rotation", member.name, url)
             self._changed.set()
@@ -327,17 +336,36 @@ class EnginePool:
     # ------------------------------------------------------------------ weight sync
 
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
-        """Bring every active engine to `weight_version` (see the module docstring)."""
+        """Bring every active engine to `weight_version` from a Hugging Face directory."""
+        await self.update_weights(model_path, weight_version)
+
+    async def update_weights(
+        self,
+        model_path: str | None,
+        weight_version: int,
+        named_tensors: Sequence[tuple[str, Any]] | None = None,
+    ) -> None:
+        """Bring every active engine to `weight_version`: embedded engines take `named_tensors`
+        in process when given, every other engine loads `model_path` (see the module
+        docstring for the pause, abort/resume and failure handling)."""
+        if model_path is None and any(
+            not (named_tensors is not None and hasattr(m.engine, "update_weights"))
+            for m in self.members
+        ):
+            raise ValueError("model_path: required for engines outside this process")
         async with self._update_lock:
             self._admission.clear()
             try:
                 await asyncio.wait_for(
-                    self._sync(model_path, weight_version), self.config.update_timeout_s
+                    self._sync(model_path, weight_version, named_tensors),
+                    self.config.update_timeout_s,
                 )
             finally:
                 self._admission.set()
 
-    async def _sync(self, model_path: str, version: int) -> None:
+    async def _sync(
+        self, model_path: str | None, version: int, tensors: Sequence[tuple[str, Any]] | None
+    ) -> None:
         active = [m for m in self.members if m.active]
         if self.config.update_mode == "wait":
             while any(m.inflight for m in self.members):
@@ -345,7 +373,7 @@ class EnginePool:
         else:
             await asyncio.gather(*(m.engine.pause("abort") for m in active), return_exceptions=True)
         results = await asyncio.gather(
-            *(self._load(m, model_path, version) for m in active), return_exceptions=True
+            *(self._load(m, model_path, version, tensors) for m in active), return_exceptions=True
         )
         self.weights_path, self.weight_version = model_path, version
         for member, result in zip(active, results, strict=True):
@@ -358,9 +386,20 @@ class EnginePool:
                 *(m.engine.resume() for m in active if m.active), return_exceptions=True
             )
 
-    async def _load(self, member: Member, model_path: str, version: int) -> bool:
+    async def _load(
+        self,
+        member: Member,
+        model_path: str | None,
+        version: int,
+        tensors: Sequence[tuple[str, Any]] | None,
+    ) -> bool:
+        in_process = getattr(member.engine, "update_weights", None)
         try:
-            await member.engine.update_weights_from_disk(model_path, version)
+            if tensors is not None and in_process is not None:
+                await in_process(tensors, version)
+            else:
+                assert model_path is not None
+                await member.engine.update_weights_from_disk(model_path, version)
             info = await member.engine.model_info()
         except (WeightLoadError, EngineHTTPError, *_RETRYABLE) as e:
             return e  # type: ignore[return-value]
