@@ -25,7 +25,7 @@ from tracerl.config import EngineConfig
 from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
 from tracerl.engine.forward import ModelRunner
 from tracerl.engine.metrics import render_metrics
-from tracerl.engine.protocol import PauseMode
+from tracerl.engine.protocol import PauseMode, collect
 from tracerl.engine.sampling import RowSampling
 from tracerl.engine.scheduler import Scheduler, Sequence
 from tracerl.engine.types import (
@@ -203,17 +203,9 @@ class LocalEngine:
                 self._enqueue(_Command(lambda: self.scheduler.abort({seq.rid}), lambda *_: None))
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        ids: list[int] = []
-        logprobs: list[float] = []
-        last: GenerateOutput | None = None
-        async for chunk in self._chunks(request, detokenize=False):
-            ids.extend(chunk.output_ids)
-            logprobs.extend(chunk.output_logprobs)
-            last = chunk
-        assert last is not None and last.finish_reason is not None
-        last.output_ids, last.output_logprobs = ids, logprobs
-        last.text = safe_decode(self.tokenizer, ids, skip_special_tokens=True)
-        return last
+        out = await collect(self._chunks(request, detokenize=False))
+        out.text = safe_decode(self.tokenizer, out.output_ids, skip_special_tokens=True)
+        return out
 
     # ---------------------------------------------------------------- commands
 

@@ -7,13 +7,28 @@ from. The HTTP server exposes any `Engine` on the wire protocol of ARCHITECTURE.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from tracerl.engine.types import GenerateOutput, GenerateRequest
 
 PauseMode = Literal["in_place", "retract", "abort"]
 PAUSE_MODES: tuple[PauseMode, ...] = ("in_place", "retract", "abort")
+
+
+async def collect(chunks: AsyncIterator[GenerateOutput]) -> GenerateOutput:
+    """A whole generation from its stream: the last chunk with every chunk's ids and logprobs."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    last: GenerateOutput | None = None
+    async for chunk in chunks:
+        ids += chunk.output_ids
+        logprobs += chunk.output_logprobs
+        last = chunk
+    if last is None or last.finish_reason is None:
+        raise RuntimeError("generation stream ended without a finish reason")
+    last.output_ids, last.output_logprobs = ids, logprobs
+    return last
 
 
 @runtime_checkable

@@ -30,7 +30,7 @@ from aiohttp import web
 
 from tracerl.config import SimEngineConfig
 from tracerl.engine.metrics import render_metrics
-from tracerl.engine.protocol import PAUSE_MODES, PauseMode
+from tracerl.engine.protocol import PAUSE_MODES, PauseMode, collect
 from tracerl.engine.types import (
     EngineStats,
     FinishType,
@@ -180,16 +180,7 @@ class SimEngine:
                 self._abort({seq.rid})
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        ids: list[int] = []
-        logprobs: list[float] = []
-        last: GenerateOutput | None = None
-        async for chunk in self.generate_stream(request):
-            ids += chunk.output_ids
-            logprobs += chunk.output_logprobs
-            last = chunk
-        assert last is not None
-        last.output_ids, last.output_logprobs = ids, logprobs
-        return last
+        return await collect(self.generate_stream(request))
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
         if not abort_all and rid is None:

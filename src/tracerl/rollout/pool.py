@@ -32,7 +32,7 @@ import aiohttp
 
 from tracerl.config import PoolConfig
 from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
-from tracerl.engine.protocol import Engine, PauseMode
+from tracerl.engine.protocol import Engine, PauseMode, collect
 from tracerl.engine.types import EngineError, GenerateOutput, GenerateRequest, WeightLoadError
 from tracerl.rollout.launcher import EngineLauncher
 
@@ -164,16 +164,7 @@ class EnginePool:
     # ------------------------------------------------------------------ generation
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        ids: list[int] = []
-        logprobs: list[float] = []
-        last: GenerateOutput | None = None
-        async for chunk in self.generate_stream(request):
-            ids += chunk.output_ids
-            logprobs += chunk.output_logprobs
-            last = chunk
-        assert last is not None
-        last.output_ids, last.output_logprobs = ids, logprobs
-        return last
+        return await collect(self.generate_stream(request))
 
     async def generate_stream(
         self, request: GenerateRequest
@@ -303,9 +294,12 @@ class EnginePool:
         member.restarting = True
         try:
             if self.weight_version and self.weights_path is None:
-                log.error("engine %s cannot be restarted at v%d: those weights were pushed in "
-                          "process only; it stays out of rotation", member.name,
-                          self.weight_version)
+                log.error(
+                    "engine %s cannot be restarted at v%d: those weights were pushed in "
+                    "process only; it stays out of rotation",
+                    member.name,
+                    self.weight_version,
+                )
                 return
             while True:
                 try:
