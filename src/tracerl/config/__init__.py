@@ -12,6 +12,7 @@ from tracerl.config.base import (
     parse_overrides,
     save_resolved_config,
 )
+from tracerl.config.control import ConcurrencyConfig, OrchestratorConfig
 from tracerl.config.engine import (
     EngineCommandConfig,
     EngineConfig,
@@ -23,12 +24,14 @@ from tracerl.config.gateway import GatewayCommandConfig, GatewayConfig, ServeCon
 from tracerl.config.pool import PoolConfig
 
 __all__ = [
+    "ConcurrencyConfig",
     "Config",
     "ConfigError",
     "EngineCommandConfig",
     "EngineConfig",
     "GatewayCommandConfig",
     "GatewayConfig",
+    "OrchestratorConfig",
     "PoolConfig",
     "ServeConfig",
     "ServerConfig",

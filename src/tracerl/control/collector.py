@@ -1,0 +1,131 @@
+"""The engine-metrics collector: polls every engine's `/metrics` (vLLM names) and hands the
+controller one `EngineLoad` per engine per poll.
+
+Counters become per-poll deltas (no delta on an engine's first poll). KV capacity comes from
+`vllm:cache_config_info{kv_cache_size_tokens=...}`, with `num_gpu_blocks x block_size` as the
+fallback; the max model length is read once from `/get_model_info`. A failing or slow poll of
+one engine is skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tracerl.control.controller import EngineLoad
+
+log = logging.getLogger(__name__)
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """`name -> [(labels, value)]` from Prometheus text format (comments skipped)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        labels = dict(_LABEL.findall(match.group(3) or ""))
+        try:
+            value = float(match.group(4))
+        except ValueError:
+            continue
+        out.setdefault(match.group(1), []).append((labels, value))
+    return out
+
+
+def _total(metrics: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float:
+    return sum(v for _, v in metrics.get(name, []))
+
+
+def capacity_tokens(metrics: dict[str, list[tuple[dict[str, str], float]]]) -> int:
+    for labels, _ in metrics.get("vllm:cache_config_info", []):
+        if labels.get("kv_cache_size_tokens"):
+            return int(float(labels["kv_cache_size_tokens"]))
+        if labels.get("num_gpu_blocks") and labels.get("block_size"):
+            return int(float(labels["num_gpu_blocks"])) * int(float(labels["block_size"]))
+    return 0
+
+
+class MetricsCollector:
+    def __init__(
+        self,
+        engines: dict[str, Any],
+        on_sample: Callable[[list[EngineLoad], float], Any],
+        *,
+        roles: dict[str, str] | None = None,
+        interval_s: float = 5.0,
+        timeout_s: float = 3.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """`engines` maps a name to anything with `metrics_text()` and `model_info()` coroutines
+        (an `EngineClient`, or an engine object in this process)."""
+        self.engines = engines
+        self.on_sample = on_sample
+        self.roles = roles or {}
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.clock = clock or (lambda: asyncio.get_running_loop().time())
+        self._previous: dict[str, dict[str, float]] = {}
+        self._max_len: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.failed_polls = 0
+
+    async def poll_once(self) -> list[EngineLoad]:
+        results = await asyncio.gather(*(self._poll(n, e) for n, e in self.engines.items()))
+        samples = [s for s in results if s is not None]
+        if samples:
+            outcome = self.on_sample(samples, self.clock())
+            if isinstance(outcome, Awaitable):
+                await outcome
+        return samples
+
+    async def _poll(self, name: str, engine: Any) -> EngineLoad | None:
+        try:
+            if name not in self._max_len:
+                info = await asyncio.wait_for(engine.model_info(), self.timeout_s)
+                self._max_len[name] = int(info.get("max_model_len", 0))
+            text = await asyncio.wait_for(engine.metrics_text(), self.timeout_s)
+        except Exception as e:  # one engine's failure never stops the others' polls
+            self.failed_polls += 1
+            log.debug("metrics poll of %s skipped: %r", name, e)
+            return None
+        m = parse_prometheus(text)
+        counters = {"preemptions": _total(m, "vllm:num_preemptions_total")}
+        previous = self._previous.get(name)
+        self._previous[name] = counters
+        preempted = (
+            0 if previous is None else max(0.0, counters["preemptions"] - previous["preemptions"])
+        )
+        waiting = int(_total(m, "vllm:num_requests_waiting"))
+        return EngineLoad(
+            capacity_tokens=capacity_tokens(m),
+            max_model_len=self._max_len[name],
+            kv_usage=_total(m, "vllm:kv_cache_usage_perc"),
+            running=int(_total(m, "vllm:num_requests_running")),
+            waiting=waiting,
+            waiting_for_capacity=waiting,  # our engines queue only for capacity
+            preemptions=int(preempted),
+            role=self.roles.get(name, "decode"),  # type: ignore[arg-type]
+        )
+
+    async def _loop(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None

@@ -1,0 +1,295 @@
+"""The concurrency controller: how many episodes run at once, decided by measurement.
+
+A pure state machine: no tasks, no clients, no clock of its own; every input carries `now`.
+
+Policy. The cap is a feedforward token budget, `cap = clamp(kappa * C / G, min, max)`: C is the
+decode engines' KV capacity in tokens, G the expected KV cost of one in-flight episode, and
+kappa the over-commit factor the controller learns (episodes idle between turns, so the right
+kappa is above 1 for agents and near 1 for single-turn work). G comes from bias-corrected EWMAs
+of completed episodes' token counts per (environment, kind), blended by the eval share of the
+pool, and floored by what the engines measure per running request: completion-based costs see
+the fast episodes first and would undershoot after a raise.
+
+Without a configured start, the cap bootstraps once from `C / max_model_len` (every episode at
+worst case). The first `frozen_steps` step boundaries pin it (only HARD cuts act), and at the end
+of the freeze kappa is initialised by continuity so the feedforward starts at the current cap.
+
+Each engine poll is classified over decode engines only: HARD (preemptions since the last poll,
+or capacity-queued requests above QUEUE_RATIO of running for QUEUE_PERSISTENCE_POLLS polls in a
+row), SOFT (KV usage at or above KV_USAGE_SOFT), or CLEAR.
+- A HARD poll cuts: the cap becomes BACKOFF_FACTOR x what is in flight (ESCALATED_BACKOFF_FACTOR
+  when overload repeats within GRACE_POLLS polls of the last cut's drain), never above the
+  current cap, kappa is re-derived from it, and the excess in flight is reported for shedding.
+- After a cut a drain latch holds (no growth, no further cuts on stale churn) until in-flight is
+  under the cap and a poll shows the engines settled.
+- Growth happens on episode completions, only when the cap was binding (in-flight, counting the
+  completing episode, at the cap), the last poll was CLEAR and fresh (younger than
+  GROWTH_GATE_S: if metrics stop arriving, growth stops), the episode used the engines (a failed
+  episode with no tokens is no evidence), and by at most GROWTH_SLEW of the cap per completion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tracerl.config import ConcurrencyConfig
+
+Signal = Literal["HARD", "SOFT", "CLEAR"]
+Kind = Literal["train", "eval"]
+
+# Cut to 80 % of what is in flight: enough to stop preemptions without emptying the engines.
+BACKOFF_FACTOR = 0.8
+# A second overload right after a cut means the first was not enough: halve instead.
+ESCALATED_BACKOFF_FACTOR = 0.5
+# Polls without overload after a drain before the next cut is a fresh (unescalated) one.
+GRACE_POLLS = 6
+# Capacity-queued requests above this share of running ones count as queueing overload...
+QUEUE_RATIO = 0.1
+# ...only when it persists this many polls (turn-completion bursts queue briefly by nature).
+QUEUE_PERSISTENCE_POLLS = 3
+# KV usage at which growth stops: near full, the next admissions would start preempting.
+KV_USAGE_SOFT = 0.9
+# kappa grows by this factor per binding, clear completion; the slew limit below usually binds
+# first, so the feedforward matters when the expected episode cost moves.
+KAPPA_GROWTH = 1.25
+# Largest cap increase per re-evaluation, as a share of the cap (at least one episode).
+GROWTH_SLEW = 0.1
+# A CLEAR poll older than this no longer licenses growth (metrics stalled: do not grow blind).
+GROWTH_GATE_S = 15.0
+# Episodes of history in the cost EWMA: long enough to be stable, short enough to follow drift.
+COST_HORIZON_EPISODES = 512
+# kappa stays within these bounds: a cap of one on a huge pool is ~1e-4; above 16 it is fiction.
+KAPPA_MIN, KAPPA_MAX = 1e-5, 16.0
+
+
+@dataclass
+class EngineLoad:
+    """One engine's state at one poll (counters already turned into per-poll deltas)."""
+
+    capacity_tokens: int
+    max_model_len: int
+    kv_usage: float
+    running: int
+    waiting: int
+    waiting_for_capacity: int
+    preemptions: int
+    role: Literal["decode", "prefill", "mixed"] = "decode"
+
+
+@dataclass
+class CostEstimate:
+    """Bias-corrected EWMA: early values equal the plain mean instead of anchoring on the first."""
+
+    alpha: float = 1.0 / COST_HORIZON_EPISODES
+    weighted: float = 0.0
+    weight: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.weighted = (1 - self.alpha) * self.weighted + self.alpha * value
+        self.weight = (1 - self.alpha) * self.weight + self.alpha
+
+    @property
+    def value(self) -> float | None:
+        return self.weighted / self.weight if self.weight > 0 else None
+
+
+@dataclass
+class ControllerState:
+    cap: int | None = None
+    kappa: float | None = None
+    steps: int = 0
+    bootstrapped: bool = False
+    draining: bool = False
+    escalate: bool = False
+    polls_since_drain: int = 0
+    queue_polls: int = 0
+    last_signal: Signal = "CLEAR"
+    last_poll_at: float | None = None
+    capacity: int = 0
+    max_model_len: int = 0
+    request_cost: float | None = None
+    costs: dict[tuple[str, str], CostEstimate] = field(default_factory=dict)
+    cuts: int = 0
+    growths: int = 0
+
+
+class ConcurrencyController:
+    def __init__(
+        self,
+        config: ConcurrencyConfig,
+        set_limit: Callable[[int], None],
+        on_overload: Callable[[int], None] | None = None,
+        get_inflight: Callable[[], int] = lambda: 0,
+        get_eval_share: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        self.config = config
+        self.set_limit = set_limit
+        self.on_overload = on_overload or (lambda excess: None)
+        self.get_inflight = get_inflight
+        self.get_eval_share = get_eval_share
+        self.state = ControllerState()
+        if config.initial_inflight is not None:
+            self._apply(config.initial_inflight)
+
+    # ------------------------------------------------------------------ inputs
+
+    def observe(self, samples: list[EngineLoad], now: float) -> Signal:
+        """One poll of every engine."""
+        s = self.state
+        decode = [x for x in samples if x.role != "prefill"]
+        if not decode:
+            return s.last_signal
+        s.capacity = sum(x.capacity_tokens for x in decode)
+        s.max_model_len = max(x.max_model_len for x in decode)
+        running = sum(x.running for x in decode)
+        if running:
+            used = sum(x.kv_usage * x.capacity_tokens for x in decode)
+            s.request_cost = used / running
+        if s.cap is None and not s.bootstrapped:
+            s.bootstrapped = True
+            self._apply(max(1, s.capacity // max(1, s.max_model_len)))
+        signal = self._classify(decode)
+        s.last_signal, s.last_poll_at = signal, now
+        inflight = self.get_inflight()
+        if s.draining:
+            if inflight <= (s.cap or 0) and signal != "HARD":
+                s.draining = False  # the engines have settled
+                s.polls_since_drain = 0
+            return signal
+        if signal == "HARD":
+            self._cut(inflight)
+        else:
+            s.polls_since_drain += 1
+            if s.polls_since_drain >= GRACE_POLLS:
+                s.escalate = False
+        return signal
+
+    def on_episode_complete(
+        self, env: str, kind: Kind, tokens: int, duration_s: float, now: float
+    ) -> None:
+        """An episode finished (`get_inflight` no longer counts it)."""
+        s = self.state
+        if tokens > 0:
+            s.costs.setdefault((env, kind), CostEstimate()).add(float(tokens))
+        if tokens <= 0 or self._frozen() or s.draining or s.cap is None:
+            return  # a failed episode used no engine capacity: it says nothing about load
+        binding = self.get_inflight() + 1 >= s.cap
+        fresh = s.last_poll_at is not None and now - s.last_poll_at <= GROWTH_GATE_S
+        if binding and fresh and s.last_signal == "CLEAR":
+            self._grow()
+
+    def on_step(self, step: int, now: float) -> None:
+        """A training step boundary."""
+        s = self.state
+        s.steps += 1
+        if s.steps == self.config.frozen_steps and s.cap is not None:
+            cost = self.expected_cost()
+            if cost and s.capacity:
+                s.kappa = _clamp_kappa(s.cap * cost / s.capacity)  # continuity at freeze exit
+
+    # ------------------------------------------------------------------ policy
+
+    def _frozen(self) -> bool:
+        return self.state.steps < self.config.frozen_steps
+
+    def _classify(self, decode: list[EngineLoad]) -> Signal:
+        s = self.state
+        if any(x.preemptions > 0 for x in decode):
+            s.queue_polls = 0
+            return "HARD"
+        running = sum(x.running for x in decode)
+        queued = sum(x.waiting_for_capacity for x in decode)
+        s.queue_polls = s.queue_polls + 1 if queued > QUEUE_RATIO * max(running, 1) else 0
+        if s.queue_polls >= QUEUE_PERSISTENCE_POLLS:
+            return "HARD"
+        if max(x.kv_usage for x in decode) >= KV_USAGE_SOFT:
+            return "SOFT"
+        return "CLEAR"
+
+    def _cut(self, inflight: int) -> None:
+        s = self.state
+        factor = ESCALATED_BACKOFF_FACTOR if s.escalate else BACKOFF_FACTOR
+        current = s.cap if s.cap is not None else self.config.max_inflight
+        target = min(current, max(self.config.min_inflight, math.floor(factor * inflight)))
+        self._apply(target)  # a cut never raises the cap
+        s.cuts += 1
+        s.draining, s.escalate, s.queue_polls = True, True, 0
+        cost = self.expected_cost()
+        if cost and s.capacity and s.cap is not None:
+            s.kappa = _clamp_kappa(s.cap * cost / s.capacity)
+        if inflight > (s.cap or 0):
+            self.on_overload(inflight - (s.cap or 0))
+
+    def _grow(self) -> None:
+        s = self.state
+        assert s.cap is not None
+        cost = self.expected_cost()
+        if s.kappa is None:
+            if not (cost and s.capacity):
+                return
+            s.kappa = _clamp_kappa(s.cap * cost / s.capacity)
+        grown = _clamp_kappa(s.kappa * KAPPA_GROWTH)
+        if not (cost and s.capacity):
+            return
+        target = self._clamp(math.ceil(grown * s.capacity / cost))  # ceil: alive at cap 1
+        if target <= s.cap:
+            return
+        step = max(1, math.floor(GROWTH_SLEW * s.cap))
+        self._apply(min(target, s.cap + step))
+        s.kappa = _clamp_kappa(s.cap * cost / s.capacity)  # kappa follows the cap it produced
+        s.growths += 1
+
+    def expected_cost(self) -> float | None:
+        """G: tokens one in-flight episode holds, blended by kind, floored by engine reality."""
+        s = self.state
+        by_kind: dict[str, float] = {}
+        for kind in ("train", "eval"):
+            values = [c.value for (_, k), c in s.costs.items() if k == kind and c.value]
+            if values:
+                by_kind[kind] = sum(values) / len(values)
+        eval_share = min(1.0, max(0.0, self.get_eval_share()))
+        if by_kind:
+            train = by_kind.get("train", by_kind.get("eval", 0.0))
+            evals = by_kind.get("eval", train)
+            cost: float | None = (1 - eval_share) * train + eval_share * evals
+        else:
+            cost = None
+        if s.request_cost is not None:
+            cost = max(cost or 0.0, s.request_cost)
+        return cost
+
+    def feedforward(self) -> int | None:
+        s = self.state
+        cost = self.expected_cost()
+        if s.kappa is None or not cost or not s.capacity:
+            return None
+        return self._clamp(math.floor(s.kappa * s.capacity / cost))
+
+    def _clamp(self, value: int) -> int:
+        return max(self.config.min_inflight, min(self.config.max_inflight, value))
+
+    def _apply(self, cap: int) -> None:
+        cap = self._clamp(cap)
+        if cap != self.state.cap:
+            self.state.cap = cap
+            self.set_limit(cap)
+
+    def gauges(self) -> dict[str, float]:
+        s = self.state
+        return {
+            "concurrency/cap": float(s.cap or 0),
+            "concurrency/kappa": float(s.kappa or 0.0),
+            "concurrency/expected_cost": float(self.expected_cost() or 0.0),
+            "concurrency/capacity": float(s.capacity),
+            "concurrency/draining": float(s.draining),
+            "concurrency/cuts": float(s.cuts),
+            "concurrency/growths": float(s.growths),
+            "concurrency/hard": float(s.last_signal == "HARD"),
+        }
+
+
+def _clamp_kappa(kappa: float) -> float:
+    return max(KAPPA_MIN, min(KAPPA_MAX, kappa))

@@ -1,0 +1,226 @@
+"""The controller's transitions, driven by scripted samples and completions. Each bug the seed
+records (bootstrap flapping, freeze off-by-one, escalation latching, growth dead at small caps,
+cuts raising the cap) has its test here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tracerl.config import ConcurrencyConfig
+from tracerl.control import controller as c
+from tracerl.control.controller import ConcurrencyController, EngineLoad
+
+
+class Harness:
+    def __init__(self, **config: Any) -> None:
+        self.inflight = 0
+        self.eval_share = 0.0
+        self.limits: list[int] = []
+        self.overloads: list[int] = []
+        self.ctl = ConcurrencyController(
+            ConcurrencyConfig(**config),
+            set_limit=self.limits.append,
+            on_overload=self.overloads.append,
+            get_inflight=lambda: self.inflight,
+            get_eval_share=lambda: self.eval_share,
+        )
+        self.now = 0.0
+
+    @property
+    def cap(self) -> int | None:
+        return self.ctl.state.cap
+
+    def poll(
+        self,
+        preemptions: int = 0,
+        usage: float = 0.3,
+        running: int = 10,
+        queued: int = 0,
+        capacity: int = 100_000,
+        max_len: int = 4096,
+        role: str = "decode",
+    ) -> str:
+        self.now += 5.0
+        load = EngineLoad(capacity, max_len, usage, running, queued, queued, preemptions, role)  # type: ignore[arg-type]
+        return self.ctl.observe([load], self.now)
+
+    def complete(self, tokens: int = 2000, kind: str = "train", env: str = "e") -> None:
+        self.ctl.on_episode_complete(env, kind, tokens, 1.0, self.now)  # type: ignore[arg-type]
+
+
+def test_bootstrap_happens_once_from_capacity_over_max_len() -> None:
+    h = Harness(frozen_steps=0)
+    h.poll(capacity=100_000, max_len=4096)
+    assert h.cap == 24  # 100000 // 4096
+    h.poll(capacity=400_000, max_len=4096)  # more capacity later: no second bootstrap (no flap)
+    assert h.cap == 24 and h.limits == [24]
+
+
+def test_configured_start_is_used_and_bounds_hold() -> None:
+    h = Harness(initial_inflight=50, min_inflight=4, max_inflight=60)
+    assert h.cap == 50 and h.limits == [50]
+    h.poll(capacity=10**9, max_len=10)
+    assert h.cap == 50  # no bootstrap over a configured start
+
+
+def test_freeze_pins_exactly_the_first_k_steps_but_not_hard_cuts() -> None:
+    h = Harness(initial_inflight=20, frozen_steps=1)
+    h.inflight = 20
+    h.poll()
+    h.complete()
+    assert h.cap == 20  # frozen: no growth before the first step boundary
+    h.ctl.on_step(1, h.now)
+    h.poll()
+    h.complete()
+    assert h.cap == 22  # k=1 froze exactly one step: growth now (slew 10 % of 20)
+    frozen = Harness(initial_inflight=20, frozen_steps=3)
+    frozen.inflight = 20
+    frozen.poll(preemptions=2)
+    assert frozen.cap == 16  # HARD cuts stay live inside the freeze
+
+
+def test_growth_only_when_binding_and_clear() -> None:
+    h = Harness(initial_inflight=20, frozen_steps=0)
+    h.poll()
+    h.inflight = 10  # far below the cap: not binding
+    h.complete()
+    assert h.cap == 20
+    h.inflight = 19  # the completing episode counts: 19 + 1 == cap
+    h.complete()
+    assert h.cap == 22
+    h.poll(usage=0.95)  # SOFT band: no growth
+    h.inflight = 21
+    h.complete()
+    assert h.cap == 22
+
+
+def test_growth_is_slew_limited_and_alive_at_small_caps() -> None:
+    h = Harness(initial_inflight=1, frozen_steps=0)
+    h.poll()
+    caps = []
+    for _ in range(5):
+        h.inflight = h.cap - 1
+        h.complete()
+        caps.append(h.cap)
+    assert caps == [2, 3, 4, 5, 6]  # at least one per binding completion, never a jump
+    big = Harness(initial_inflight=100, frozen_steps=0)
+    big.poll()
+    big.inflight = 99
+    big.complete()
+    assert big.cap == 110  # at most 10 % per re-evaluation
+
+
+def test_growth_gate_expires_when_metrics_stop() -> None:
+    h = Harness(initial_inflight=20, frozen_steps=0)
+    h.poll()
+    h.now += c.GROWTH_GATE_S + 1  # no poll since
+    h.inflight = 19
+    h.complete()
+    assert h.cap == 20
+
+
+def test_failed_episodes_never_grow_the_cap() -> None:
+    h = Harness(initial_inflight=20, frozen_steps=0)
+    h.poll()
+    h.inflight = 19
+    h.complete(tokens=0)
+    assert h.cap == 20 and not h.ctl.state.costs
+
+
+def test_preemption_cuts_from_inflight_and_sheds_the_excess() -> None:
+    h = Harness(initial_inflight=100, frozen_steps=0)
+    h.inflight = 90
+    assert h.poll(preemptions=3) == "HARD"
+    assert h.cap == 72  # 0.8 x 90
+    assert h.overloads == [18]
+    assert h.ctl.state.draining
+
+
+def test_a_cut_never_raises_the_cap() -> None:
+    h = Harness(initial_inflight=50, frozen_steps=0)
+    h.inflight = 200  # work the dispatcher over-admitted before the cap fell
+    h.poll(preemptions=1)
+    assert h.cap == 50 and h.limits == [50]
+
+
+def test_persistent_queueing_is_hard_but_one_burst_is_not() -> None:
+    h = Harness(initial_inflight=40, frozen_steps=0)
+    h.inflight = 40
+    assert h.poll(running=20, queued=10) == "CLEAR"  # one burst
+    assert h.poll(running=20, queued=0) == "CLEAR"
+    assert [h.poll(running=20, queued=10) for _ in range(c.QUEUE_PERSISTENCE_POLLS)] == [
+        "CLEAR"
+    ] * (c.QUEUE_PERSISTENCE_POLLS - 1) + ["HARD"]
+    assert h.cap == 32
+
+
+def test_drain_latch_holds_until_under_cap_and_settled() -> None:
+    h = Harness(initial_inflight=100, frozen_steps=0)
+    h.inflight = 100
+    h.poll(preemptions=5)
+    assert h.cap == 80 and h.ctl.state.draining
+    h.inflight = 95
+    h.poll(preemptions=5)  # stale churn while draining: no second cut
+    assert h.cap == 80 and h.ctl.state.draining
+    h.inflight = 79
+    h.poll(preemptions=1)  # under the cap but the engines still preempt
+    assert h.ctl.state.draining
+    h.poll()
+    assert not h.ctl.state.draining
+    h.inflight = 79
+    h.complete()
+    assert h.cap > 80 - 1  # growth resumes after the latch
+
+
+def test_escalation_and_its_reset_after_grace() -> None:
+    h = Harness(initial_inflight=100, frozen_steps=0)
+    h.inflight = 100
+    h.poll(preemptions=1)
+    assert h.cap == 80
+    h.inflight = 80
+    h.poll()  # drained
+    h.poll(preemptions=1)  # overload again right away: escalated
+    assert h.cap == 40
+    h.inflight = 40
+    h.poll()  # drained
+    for _ in range(c.GRACE_POLLS):
+        h.poll()
+    h.poll(preemptions=1)  # after the grace window: a fresh, unescalated cut
+    assert h.cap == 32
+
+
+def test_only_decode_engines_count() -> None:
+    h = Harness(initial_inflight=50, frozen_steps=0)
+    h.inflight = 50
+    assert h.poll(preemptions=9, role="prefill") == "CLEAR"
+    assert h.cap == 50
+
+
+def test_cost_estimate_is_bias_corrected_and_blends_eval() -> None:
+    h = Harness(initial_inflight=10, frozen_steps=0)
+    h.complete(tokens=1000)
+    h.complete(tokens=3000)
+    # the bias-corrected mean early on, not anchored on the first episode's 1000
+    assert h.ctl.expected_cost() == pytest.approx(2000, rel=1e-3)
+    h.complete(tokens=10_000, kind="eval")
+    h.eval_share = 0.5
+    assert h.ctl.expected_cost() == pytest.approx(6000, rel=1e-3)
+    h.poll(usage=0.9, running=10, capacity=100_000)  # engines hold 9000 tokens per request
+    assert h.ctl.expected_cost() == 9000  # floored by what the engines measure
+
+
+def test_bounds_clamp_everything() -> None:
+    h = Harness(initial_inflight=4, min_inflight=4, max_inflight=5, frozen_steps=0)
+    h.inflight = 100
+    h.poll(preemptions=1)
+    assert h.cap == 4
+    h.poll()
+    h.inflight = 3
+    for _ in range(5):
+        h.poll()
+        h.inflight = h.cap - 1
+        h.complete()
+    assert h.cap == 5
+    assert h.ctl.gauges()["concurrency/cap"] == 5.0

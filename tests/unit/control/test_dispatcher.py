@@ -1,0 +1,88 @@
+"""The dispatcher: the cap, the burst window and its refunds, youngest-first shedding."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tracerl.control.dispatcher import BURST_WINDOW_S, Dispatcher, Episode
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_admits_up_to_the_cap_which_can_change() -> None:
+    release = asyncio.Event()
+
+    async def run(ep: Episode) -> tuple[str, int]:
+        await release.wait()
+        return ep.episode_id, 10
+
+    d = Dispatcher(run, cap=2, group_size=100)
+    submits = [asyncio.create_task(d.submit(Episode(f"e{i}", f"g{i}"))) for i in range(4)]
+    await settle()
+    assert d.inflight == 2 and sum(t.done() for t in submits) == 2
+    d.set_limit(3)
+    await asyncio.sleep(0.06)
+    assert d.inflight == 3
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*submits), 5)
+    await d.drain()
+    assert len(d.results) == 4 and all(r.tokens == 10 for r in d.results)
+
+
+async def test_burst_window_meters_net_growth_and_refunds_only_completions() -> None:
+    clock = Clock()
+    release = asyncio.Event()
+
+    async def run(ep: Episode) -> tuple[None, int]:
+        if ep.kind == "instant":
+            return None, 5
+        await release.wait()
+        return None, 5
+
+    d = Dispatcher(run, cap=100, group_size=4, clock=clock)  # budget max(4, 100 * 0.1) = 10
+    for i in range(10):
+        await d.submit(Episode(f"a{i}", "g"))
+    blocked = asyncio.create_task(d.submit(Episode("a10", "g")))
+    await asyncio.sleep(0.06)
+    assert not blocked.done()  # the window is spent
+    cancelled = d.shed(3)
+    await settle()
+    await asyncio.sleep(0.06)
+    assert len(cancelled) == 3 and not blocked.done()  # cancellations refund nothing
+    release.set()  # the remaining 7 complete naturally: each refunds one admission
+    await asyncio.wait_for(blocked, 1)  # completions of the running ones refunded budget
+    clock.t += BURST_WINDOW_S
+    await d.drain()
+
+
+async def test_shedding_takes_the_youngest_groups_first() -> None:
+    clock = Clock()
+
+    async def run(ep: Episode) -> tuple[None, int]:
+        await asyncio.Event().wait()
+        return None, 0
+
+    d = Dispatcher(run, cap=100, group_size=100, clock=clock)
+    # group "old" has one member started at t=0 and one at t=30: its age is its oldest member's
+    starts = [("old", 0.0), ("mid", 10.0), ("young", 20.0), ("old", 30.0), ("young", 25.0)]
+    for i, (group, t) in enumerate(starts):
+        clock.t = t
+        await d.submit(Episode(f"{group}{i}", group))
+    victims = d.shed(3)
+    assert victims == ["young4", "young2", "mid1"]
+    await settle()
+    assert sorted(r.episode.episode_id for r in d.results) == sorted(victims)
+    assert all(r.cancelled and r.tokens == 0 for r in d.results)
+    d.shed(10)
+    await d.drain()
