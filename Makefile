@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/tracerl serve --model smollm2-135m --port 0 --demo
+	$(BIN)/tracerl serve --model smollm2-135m --port 0 --demo --store runs/demo/traces.sqlite
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests
