@@ -26,6 +26,9 @@ row), SOFT (KV usage at or above KV_USAGE_SOFT), or CLEAR.
   completing episode, at the cap), the last poll was CLEAR and fresh (younger than
   GROWTH_GATE_S: if metrics stop arriving, growth stops), the episode used the engines (a failed
   episode with no tokens is no evidence), and by at most GROWTH_SLEW of the cap per completion.
+  The feedforward with a grown kappa is the target: growth stops where the token budget says
+  the engines are full, and kappa then follows the cap it produced. The cap only falls through
+  cuts (the feedforward never lowers it by itself: measured overload decides that).
 """
 
 from __future__ import annotations
