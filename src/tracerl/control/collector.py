@@ -89,9 +89,11 @@ class MetricsCollector:
     async def _poll(self, name: str, engine: Any) -> EngineLoad | None:
         try:
             if name not in self._max_len:
-                info = await asyncio.wait_for(engine.model_info(), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    info = await engine.model_info()
                 self._max_len[name] = int(info.get("max_model_len", 0))
-            text = await asyncio.wait_for(engine.metrics_text(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                text = await engine.metrics_text()
         except Exception as e:  # one engine's failure never stops the others' polls
             self.failed_polls += 1
             log.debug("metrics poll of %s skipped: %r", name, e)

@@ -23,6 +23,10 @@ BURST_WINDOW_S = 5.0
 BURST_SHARE = 0.1
 
 
+class DispatcherClosed(RuntimeError):
+    """`submit` after (or while waiting during) `close()`."""
+
+
 @dataclass
 class Episode:
     """One rollout: `group` ties the samples of one prompt together; `kind` is train or eval."""
@@ -62,6 +66,7 @@ class Dispatcher:
         self._running: dict[str, tuple[Episode, float, asyncio.Future[Any]]] = {}
         self._window: list[tuple[float, int]] = []  # (time, +1 admission / -1 refund)
         self._changed = asyncio.Event()
+        self._closed = False
         self.results: list[EpisodeResult] = []
 
     @property
@@ -87,15 +92,21 @@ class Dispatcher:
         return max(self.group_size, self.cap * BURST_SHARE) - net
 
     async def submit(self, episode: Episode) -> None:
-        """Wait for room under the cap and the burst window, then start `episode`."""
+        """Wait for room under the cap and the burst window, then start `episode`.
+
+        Raises `DispatcherClosed` once `close()` was called, even for a submit already waiting:
+        closing must not depend on every feeder's cancellation arriving."""
         while True:
+            if self._closed:
+                raise DispatcherClosed("the dispatcher is closed")
             now = self.clock()
             if self.inflight < self.cap and self._burst_budget(now) >= 1:
                 break
             self._changed.clear()
             # woken by a completion or a new cap; the timeout lets the burst window slide
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), 0.05)
+                async with asyncio.timeout(0.05):
+                    await self._changed.wait()
         self._window.append((now, 1))
         task = asyncio.ensure_future(self.run(episode))
         self._running[episode.episode_id] = (episode, now, task)
@@ -137,6 +148,13 @@ class Dispatcher:
         for eid in victims:
             self._running[eid][2].cancel()
         return victims
+
+    async def close(self) -> None:
+        """Stop admitting, cancel everything in flight, and wait until it has ended."""
+        self._closed = True
+        self._changed.set()
+        self.shed(len(self._running))
+        await self.drain()
 
     async def drain(self) -> None:
         while self._running:

@@ -275,7 +275,8 @@ class LocalEngine:
             sampling_params=SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True),
         )
         try:
-            out = await asyncio.wait_for(self.generate(probe), HEALTH_GENERATE_TIMEOUT_S)
+            async with asyncio.timeout(HEALTH_GENERATE_TIMEOUT_S):
+                out = await self.generate(probe)
         except (TimeoutError, EngineError):
             return False
         return len(out.output_ids) == 1

@@ -57,7 +57,8 @@ class ProcessLauncher:
                     return match.group(0).decode()
 
         try:
-            url = await asyncio.wait_for(ready(), self.ready_timeout_s)
+            async with asyncio.timeout(self.ready_timeout_s):
+                url = await ready()
         except BaseException:
             await self.stop()
             raise
@@ -85,7 +86,8 @@ class ProcessLauncher:
         if proc is not None and proc.returncode is None:
             proc.terminate()
             try:
-                await asyncio.wait_for(proc.wait(), 10)
+                async with asyncio.timeout(10):
+                    await proc.wait()
             except TimeoutError:
                 proc.kill()
                 await proc.wait()

@@ -159,7 +159,8 @@ class EnginePool:
                 raise PoolError("no active engine (all failed health checks)")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), min(remaining, 1.0))
+                async with asyncio.timeout(min(remaining, 1.0)):
+                    await self._changed.wait()
 
     # ------------------------------------------------------------------ generation
 
@@ -196,9 +197,10 @@ class EnginePool:
             try:
                 async with contextlib.aclosing(member.engine.generate_stream(attempt)) as chunks:
                     while True:
-                        chunk = await asyncio.wait_for(
-                            anext(chunks, None), self.config.request_timeout_s
-                        )
+                        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                        # cancellation racing a chunk, and a cancelled episode would run on
+                        async with asyncio.timeout(self.config.request_timeout_s):
+                            chunk = await anext(chunks, None)
                         if chunk is None:
                             raise EngineReplyError("stream ended without a finish reason")
                         if len(chunk.output_ids) != len(chunk.output_logprobs):
@@ -278,7 +280,8 @@ class EnginePool:
         ok = member.launcher is None or member.launcher.alive()
         if ok:
             try:
-                ok = await asyncio.wait_for(member.engine.health(), self.config.health_timeout_s)
+                async with asyncio.timeout(self.config.health_timeout_s):
+                    ok = await member.engine.health()
             except (TimeoutError, aiohttp.ClientError, ConnectionError):
                 ok = False
         if ok and not member.active and member.launcher is None:
@@ -350,10 +353,8 @@ class EnginePool:
         async with self._update_lock:
             self._admission.clear()
             try:
-                await asyncio.wait_for(
-                    self._sync(model_path, weight_version, named_tensors),
-                    self.config.update_timeout_s,
-                )
+                async with asyncio.timeout(self.config.update_timeout_s):
+                    await self._sync(model_path, weight_version, named_tensors)
             finally:
                 self._admission.set()
 

@@ -86,3 +86,24 @@ async def test_shedding_takes_the_youngest_groups_first() -> None:
     assert all(r.cancelled and r.tokens == 0 for r in d.results)
     d.shed(10)
     await d.drain()
+
+
+async def test_close_stops_waiting_submitters_and_running_episodes() -> None:
+    from tracerl.control.dispatcher import DispatcherClosed
+
+    async def run(ep: Episode) -> tuple[None, int]:
+        await asyncio.Event().wait()
+        return None, 0
+
+    d = Dispatcher(run, cap=1, group_size=1)
+    await d.submit(Episode("a", "g"))
+    waiting = asyncio.create_task(d.submit(Episode("b", "g")))
+    await settle()
+    await d.close()
+    assert d.inflight == 0 and [r.cancelled for r in d.results] == [True]
+    try:
+        await asyncio.wait_for(waiting, 1)
+    except DispatcherClosed:
+        pass
+    else:
+        raise AssertionError("a waiting submit was admitted after close")
