@@ -277,14 +277,17 @@ class SimEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            while (
-                len(self._running) > 1 and self._kv_used() + len(self._running) > c.kv_cache_tokens
-            ):
-                victim = max(self._running, key=lambda s: s.admit_order)
-                self._running.remove(victim)
-                victim.kv_len = 0
-                self._waiting.appendleft(victim)
-                self._stats.preemptions_total += 1
+            used = self._kv_used()
+            if len(self._running) > 1 and used + len(self._running) > c.kv_cache_tokens:
+                # newest first, in one pass: thousands in flight must not cost O(n^2) a step
+                for victim in sorted(self._running, key=lambda s: s.admit_order, reverse=True):
+                    if len(self._running) <= 1 or used + len(self._running) <= c.kv_cache_tokens:
+                        break
+                    self._running.remove(victim)
+                    used -= victim.kv_len
+                    victim.kv_len = 0
+                    self._waiting.appendleft(victim)
+                    self._stats.preemptions_total += 1
             admitted = self._admit()
             n = len(self._running)
             prefill = sum(s.length for s in admitted)
