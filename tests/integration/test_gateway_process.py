@@ -18,7 +18,9 @@ from tracerl.gateway.store import SQLiteTraceStore
 ADMIN = "test-admin-key"
 
 
-async def start_gateway(engine_url: str, store: str) -> tuple[subprocess.Popen, str]:
+async def start_gateway(
+    engine_url: str, store: str, extra: list[str] | None = None
+) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -35,6 +37,7 @@ async def start_gateway(engine_url: str, store: str) -> tuple[subprocess.Popen, 
             "0",
             "--admin-key",
             ADMIN,
+            *(extra or []),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
