@@ -14,6 +14,7 @@ The state lives in memory; after a gateway restart a session's next turn starts 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,11 @@ class SessionState:
     closed: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     next_index: int = 0
-    recorded: list[RecordedTurn] = field(default_factory=list)
+    # Only the candidates `plan_prompt` searches are kept: each holds its whole context's text
+    # and ids, so keeping every turn would grow a long session's memory quadratically.
+    recorded: deque[RecordedTurn] = field(
+        default_factory=lambda: deque(maxlen=MAX_PARENT_CANDIDATES)
+    )
     raw_assistant: dict[str, str] = field(default_factory=dict)
 
     def remember(self, turn: RecordedTurn, returned: dict[str, Any], raw_text: str) -> None:
@@ -91,7 +96,7 @@ def plan_prompt(
         messages = [_as_sampled(m, state.raw_assistant) for m in messages]
     text = renderer.render(messages, tools)
     if state is not None:
-        for turn in reversed(state.recorded[-MAX_PARENT_CANDIDATES:]):
+        for turn in reversed(state.recorded):
             if text.startswith(turn.text):
                 return PromptPlan(text, turn.ids, turn.index, text[len(turn.text) :])
     return PromptPlan(text, [], None, text)
