@@ -354,12 +354,9 @@ class Gateway:
         if state is not None:
             transport = request.transport
             gone = transport is None or transport.is_closing()
-            try:
-                await self._commit(state, endpoint, body, prompt, outcome, response, gone)
-            except Exception as e:
-                log.exception("recording a turn of session %s failed", state.session_id)
-                self.counters["record_failed"] += 1
-                return _native_error(anthropic, 500, f"the turn could not be recorded: {e}")
+            failure = await self._record(state, endpoint, body, prompt, outcome, response, gone)
+            if failure is not None:
+                return _native_error(anthropic, 500, failure)
         return _json(response)
 
     async def _stream(
@@ -425,12 +422,9 @@ class Gateway:
         if state is not None:
             response = api.response(outcome, parsed, self.model_name, rid, self.tokenizer)
             endpoint = "messages" if anthropic else "chat.completions"
-            try:
-                await self._commit(state, endpoint, body, prompt, outcome, response, gone)
-            except Exception as e:
-                log.exception("recording a turn of session %s failed", state.session_id)
-                self.counters["record_failed"] += 1
-                await send(writer.error(500, f"the turn could not be recorded: {e}"))
+            failure = await self._record(state, endpoint, body, prompt, outcome, response, gone)
+            if failure is not None:
+                await send(writer.error(500, failure))
                 return await _close(resp)
         await send(writer.end())
         return await _close(resp)
@@ -453,6 +447,27 @@ class Gateway:
         status, message = _classify(error)
         self.counters["generation_failed"] += 1
         return _native_error(anthropic, status, message)
+
+    async def _record(
+        self,
+        state: SessionState,
+        endpoint: str,
+        body: dict[str, Any],
+        prompt: Prompt,
+        outcome: Outcome,
+        response: dict[str, Any],
+        client_disconnected: bool,
+    ) -> str | None:
+        """Commit the turn; on failure log it and return the message the caller must see."""
+        try:
+            await self._commit(
+                state, endpoint, body, prompt, outcome, response, client_disconnected
+            )
+        except Exception as e:
+            log.exception("recording a turn of session %s failed", state.session_id)
+            self.counters["record_failed"] += 1
+            return f"the turn could not be recorded: {e}"
+        return None
 
     async def _commit(
         self,
