@@ -66,6 +66,14 @@ def output_from_wire(payload: Any) -> GenerateOutput:
     )
 
 
+def _json_or_text(raw: bytes) -> Any:
+    """A reply body as JSON, or as text when it is not JSON (an empty body is "")."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode(errors="replace")
+
+
 class EngineClient:
     def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -87,11 +95,7 @@ class EngineClient:
         async with http.request(
             method, self.base_url + path, data=data, headers=_JSON_HEADERS
         ) as resp:
-            raw = await resp.read()
-            try:
-                payload = orjson.loads(raw) if raw else None
-            except orjson.JSONDecodeError:
-                payload = raw.decode(errors="replace")
+            payload = _json_or_text(await resp.read())
             if resp.status >= 300:
                 raise EngineHTTPError(resp.status, payload)
             return payload
@@ -114,19 +118,9 @@ class EngineClient:
         wire = orjson.dumps(self._wire(request, True))
         async with http.post(self.base_url + "/generate", data=wire, headers=_JSON_HEADERS) as resp:
             if resp.status >= 300:
-                text = await resp.text()
-                try:
-                    body: Any = json.loads(text)
-                except json.JSONDecodeError:
-                    body = text
-                raise EngineHTTPError(resp.status, body)
+                raise EngineHTTPError(resp.status, _json_or_text(await resp.read()))
             if resp.content_type != "text/event-stream":  # a whole reply instead of a stream
-                text = await resp.text()
-                try:
-                    whole: Any = json.loads(text)
-                except json.JSONDecodeError:
-                    whole = text
-                yield output_from_wire(whole)
+                yield output_from_wire(_json_or_text(await resp.read()))
                 return
             async for raw in resp.content:
                 line = raw.decode().strip()
