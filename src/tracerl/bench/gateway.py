@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from tracerl.cli import loop
+from tracerl.rollout.launcher import ProcessLauncher
 
 TURNS = 10
 TARGET_ADDED_P50_MS = 2.0
@@ -40,27 +38,6 @@ FILLER = (
 
 def _user_text(session: int, turn: int) -> str:
     return f"Session {session} turn {turn}: " + FILLER * 14  # ~350 tokens
-
-
-async def _spawn(cmd: list[str], pattern: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        line = await asyncio.to_thread(proc.stdout.readline)
-        match = re.search(pattern, line)
-        if match:
-            return proc, match.group(0)
-        if not line:
-            break
-    proc.kill()
-    raise RuntimeError(f"{cmd[:4]} did not start")
 
 
 async def _session_via_gateway(
@@ -115,7 +92,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     reply_ids = [*answer[:31], tokenizer.eos_token_id]
     tmp = Path(tempfile.mkdtemp(prefix="tracerl-bench-gateway-"))
     admin = secrets.token_urlsafe(16)
-    engine_proc, engine = await _spawn(
+    engine_proc = ProcessLauncher(
         [
             sys.executable,
             "-m",
@@ -124,30 +101,31 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
             ",".join(map(str, reply_ids)),
             "--eos-id",
             str(tokenizer.eos_token_id),
-        ],
-        r"http://127\.0\.0\.1:\d+",
+        ]
     )
-    gateway_proc, gateway = await _spawn(
-        [
-            sys.executable,
-            "-m",
-            "tracerl.cli.main",
-            "gateway",
-            "--model",
-            args.model,
-            "--engine-url",
-            engine,
-            "--store",
-            str(tmp / "traces.sqlite"),
-            "--port",
-            "0",
-            "--admin-key",
-            admin,
-        ],
-        r"http://127\.0\.0\.1:\d+",
-    )
+    gateway_proc: ProcessLauncher | None = None
     results: dict[str, Any] = {}
     try:
+        engine = await engine_proc.start()
+        gateway_proc = ProcessLauncher(
+            [
+                sys.executable,
+                "-m",
+                "tracerl.cli.main",
+                "gateway",
+                "--model",
+                args.model,
+                "--engine-url",
+                engine,
+                "--store",
+                str(tmp / "traces.sqlite"),
+                "--port",
+                "0",
+                "--admin-key",
+                admin,
+            ]
+        )
+        gateway = await gateway_proc.start()
         connector = aiohttp.TCPConnector(limit=256)
         async with aiohttp.ClientSession(connector=connector) as http:
             for label, concurrency, sessions, rounds in (
@@ -158,9 +136,9 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
                     http, gateway, engine, admin, concurrency, sessions, rounds
                 )
     finally:
-        for proc in (gateway_proc, engine_proc):
-            proc.terminate()
-            proc.wait(timeout=30)
+        if gateway_proc is not None:
+            await gateway_proc.stop()
+        await engine_proc.stop()
     s1, s64 = results["s1"], results["s64"]
     return {
         "benchmark": "gateway",
