@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 
 import aiohttp
 import openai
 
 from tests.integration.test_gateway_process import ADMIN, start_gateway
+from tracerl.engine.sim import sim_engine_command
 from tracerl.rollout.launcher import ProcessLauncher
 
-SIM = [
-    sys.executable,
-    "-m",
-    "tracerl.cli.main",
-    "engine",
-    "--sim",
-    "--port",
-    "0",
-    "--sim.time_scale=100",
-    "--sim.output_len_median=8",
-]
+SIM = ("--sim.time_scale=100", "--sim.output_len_median=8")
 
 
 async def test_gateway_over_two_simulated_engines(tmp_path) -> None:
-    launchers = [ProcessLauncher([*SIM, f"--sim.seed={i}"]) for i in range(2)]
+    launchers = [ProcessLauncher(sim_engine_command(*SIM, f"--sim.seed={i}")) for i in range(2)]
     urls = await asyncio.gather(*(launcher.start() for launcher in launchers))
     proc = None
     try:

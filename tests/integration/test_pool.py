@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,7 +12,7 @@ import pytest
 from tracerl.config import PoolConfig, SimEngineConfig, SimFaults
 from tracerl.engine.client import EngineClient, EngineHTTPError
 from tracerl.engine.server import build_engine_app, start_server
-from tracerl.engine.sim import SimEngine, fault_middleware
+from tracerl.engine.sim import SimEngine, fault_middleware, sim_engine_command
 from tracerl.engine.types import GenerateRequest
 from tracerl.rollout.launcher import ProcessLauncher
 from tracerl.rollout.pool import EnginePool, Member, PoolError
@@ -127,17 +126,7 @@ async def test_an_engine_that_cannot_take_weights_leaves_rotation(sims, tmp_path
 
 
 async def test_a_killed_launched_engine_loses_no_request_and_is_restarted() -> None:
-    argv = [
-        sys.executable,
-        "-m",
-        "tracerl.cli.main",
-        "engine",
-        "--sim",
-        "--port",
-        "0",
-        "--sim.time_scale=2",
-        "--sim.decode_step_s=0.01",
-    ]
+    argv = sim_engine_command("--sim.time_scale=2", "--sim.decode_step_s=0.01")
     pool = await EnginePool.launch(
         [ProcessLauncher(argv), ProcessLauncher(argv)],
         config=PoolConfig(
@@ -183,7 +172,7 @@ async def test_launcher_waits_for_health_on_a_known_port() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     launcher = ProcessLauncher(
-        [sys.executable, "-m", "tracerl.cli.main", "engine", "--sim", "--port", str(port)],
+        sim_engine_command(port=port),
         url=f"http://127.0.0.1:{port}",
     )
     try:

@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tracerl.config import SimEngineConfig, SimFaults
 from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
 from tracerl.engine.server import build_engine_app, start_server
-from tracerl.engine.sim import CRASH_EXIT_CODE, SimEngine, fault_middleware
+from tracerl.engine.sim import CRASH_EXIT_CODE, SimEngine, fault_middleware, sim_engine_command
 from tracerl.engine.types import GenerateRequest
 
 FAST = {"time_scale": 1000.0, "output_len_median": 20.0, "output_len_sigma": 0.5}
@@ -156,17 +155,7 @@ async def test_hang_fault_stops_answering(sim) -> None:
 
 def test_crash_fault_exits_the_process() -> None:
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tracerl.cli.main",
-            "engine",
-            "--sim",
-            "--port",
-            "0",
-            "--sim.time_scale=1000",
-            "--sim.faults.crash_after_requests=2",
-        ],
+        sim_engine_command("--sim.time_scale=1000", "--sim.faults.crash_after_requests=2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -67,6 +66,7 @@ async def run_soak(
     from transformers import AutoTokenizer
 
     from tracerl.engine.server import start_server
+    from tracerl.engine.sim import sim_engine_command
     from tracerl.gateway.server import Gateway
     from tracerl.gateway.store import SQLiteTraceStore
     from tracerl.models import resolve_model
@@ -74,9 +74,8 @@ async def run_soak(
     from tracerl.rollout.pool import EnginePool
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("tiny"))
-    base = [sys.executable, "-m", "tracerl.cli.main", "engine", "--sim", "--port", "0", *SIM]
     launchers = [
-        ProcessLauncher([*base, *(f if faults else []), f"--sim.seed={i}"])
+        ProcessLauncher(sim_engine_command(*SIM, *(f if faults else []), f"--sim.seed={i}"))
         for i, f in enumerate(FAULTS)
     ]
     config = PoolConfig(

@@ -19,6 +19,7 @@ import hashlib
 import math
 import os
 import random
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
@@ -370,6 +371,20 @@ class SimEngine:
         s.kv_used_tokens = self._kv_used()
         s.weight_version = self.weight_version
         s.paused = self._pause is not None
+
+
+def sim_engine_command(*settings: str, port: int = 0) -> list[str]:
+    """The command of a `tracerl engine --sim` process, with `--sim.a.b=value` settings."""
+    return [
+        sys.executable,
+        "-m",
+        "tracerl.cli.main",
+        "engine",
+        "--sim",
+        "--port",
+        str(port),
+        *settings,
+    ]
 
 
 def fault_middleware(engine: SimEngine) -> Any:
