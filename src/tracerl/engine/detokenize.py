@@ -33,12 +33,16 @@ class IncrementalDetokenizer:
         self.prefix_offset = 0
         self.read_offset = 0
 
-    def add(self, new_ids: list[int]) -> str:
-        self.ids.extend(new_ids)
+    def _window(self) -> tuple[str, str]:
+        """The text already emitted from the window, and the window's whole text."""
         prefix = safe_decode(
             self.tokenizer, self.ids[self.prefix_offset : self.read_offset], self.skip
         )
-        full = safe_decode(self.tokenizer, self.ids[self.prefix_offset :], self.skip)
+        return prefix, safe_decode(self.tokenizer, self.ids[self.prefix_offset :], self.skip)
+
+    def add(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        prefix, full = self._window()
         if full.endswith(REPLACEMENT_CHAR) or len(full) <= len(prefix):
             return ""
         delta = full[len(prefix) :]
@@ -48,9 +52,6 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Whatever is held back (at the end of a stream), even if it is an incomplete character."""
-        prefix = safe_decode(
-            self.tokenizer, self.ids[self.prefix_offset : self.read_offset], self.skip
-        )
-        full = safe_decode(self.tokenizer, self.ids[self.prefix_offset :], self.skip)
+        prefix, full = self._window()
         self.prefix_offset = self.read_offset = len(self.ids)
         return full[len(prefix) :] if len(full) > len(prefix) else ""

@@ -65,10 +65,10 @@ def render_metrics(stats: EngineStats, model_name: str) -> str:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         lines.append(f"{name}{labels} {float(value)!r}")
+    if stats.finished_total:
+        lines.append("# HELP vllm:request_success_total Finished requests by reason.")
+        lines.append("# TYPE vllm:request_success_total counter")
     for reason, count in sorted(stats.finished_total.items()):
-        if not lines[-1].startswith("vllm:request_success_total"):
-            lines.append("# HELP vllm:request_success_total Finished requests by reason.")
-            lines.append("# TYPE vllm:request_success_total counter")
         lines.append(
             f"vllm:request_success_total{_labels(model_name=model_name, finished_reason=reason)}"
             f" {float(count)!r}"
