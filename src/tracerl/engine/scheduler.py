@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from tracerl.engine.admission import admissible, preemption_victims
 from tracerl.engine.forward import ModelRunner
 from tracerl.engine.protocol import PAUSE_MODES, PauseMode
 from tracerl.engine.sampling import RowSampling, sample
@@ -56,6 +57,10 @@ class Sequence:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
 
 
 @dataclass
@@ -113,20 +118,17 @@ class Scheduler:
         one decode write for every running sequence, up to `PREFILL_TOKENS_PER_STEP` (the first
         one always fits, so a long prompt is never starved)."""
         admitted: list[Sequence] = []
-        kv_after_step = self.kv_used() + len(self.running)
-        prefill_tokens = 0
-        while self.waiting and len(self.running) < self.runner.max_slots:
-            seq = self.waiting[0]
-            need = len(seq.tokens) + 1
-            if kv_after_step + need > self.kv_budget:
-                break
-            if admitted and prefill_tokens + len(seq.tokens) > PREFILL_TOKENS_PER_STEP:
-                break
-            self.waiting.popleft()
+        count = admissible(
+            self.waiting,
+            self.running,
+            self.kv_budget,
+            self.runner.max_slots,
+            PREFILL_TOKENS_PER_STEP,
+        )
+        for _ in range(count):
+            seq = self.waiting.popleft()
             self.running.append(seq)
             seq.admit_order = next(self._admit_counter)
-            kv_after_step += need
-            prefill_tokens += len(seq.tokens)
             if not seq.prompt_counted:
                 seq.prompt_counted = True
                 self.counters.prompt_tokens += len(seq.prompt)
@@ -134,8 +136,7 @@ class Scheduler:
         return admitted
 
     def _make_room_for_decode(self) -> None:
-        while len(self.running) > 1 and self.kv_used() + len(self.running) > self.kv_budget:
-            victim = max(self.running, key=lambda s: s.admit_order)
+        for victim in preemption_victims(self.running, self.kv_budget):
             self._release(victim)
             victim.kv_len = 0
             self.waiting.appendleft(victim)

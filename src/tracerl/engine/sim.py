@@ -30,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from tracerl.config import SimEngineConfig
+from tracerl.engine.admission import admissible, preemption_victims
 from tracerl.engine.metrics import render_metrics
 from tracerl.engine.protocol import PAUSE_MODES, PauseMode, collect
 from tracerl.engine.types import (
@@ -278,17 +279,11 @@ class SimEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            used = self._kv_used()
-            if len(self._running) > 1 and used + len(self._running) > c.kv_cache_tokens:
-                # newest first, in one pass: thousands in flight must not cost O(n^2) a step
-                for victim in sorted(self._running, key=lambda s: s.admit_order, reverse=True):
-                    if len(self._running) <= 1 or used + len(self._running) <= c.kv_cache_tokens:
-                        break
-                    self._running.remove(victim)
-                    used -= victim.kv_len
-                    victim.kv_len = 0
-                    self._waiting.appendleft(victim)
-                    self._stats.preemptions_total += 1
+            for victim in preemption_victims(self._running, c.kv_cache_tokens):
+                self._running.remove(victim)
+                victim.kv_len = 0
+                self._waiting.appendleft(victim)
+                self._stats.preemptions_total += 1
             admitted = self._admit()
             n = len(self._running)
             prefill = sum(s.length for s in admitted)
@@ -311,17 +306,12 @@ class SimEngine:
     def _admit(self) -> list[_SimSequence]:
         c = self.config
         admitted = []
-        kv_after = self._kv_used() + len(self._running)
-        while self._waiting and len(self._running) < c.max_running_requests:
-            seq = self._waiting[0]
-            need = seq.length + 1
-            if kv_after + need > c.kv_cache_tokens:
-                break
-            self._waiting.popleft()
+        count = admissible(self._waiting, self._running, c.kv_cache_tokens, c.max_running_requests)
+        for _ in range(count):
+            seq = self._waiting.popleft()
             self._running.append(seq)
             self._admit_counter += 1
             seq.admit_order = self._admit_counter
-            kv_after += need
             if not seq.prompt_counted:
                 seq.prompt_counted = True
                 self._stats.prompt_tokens_total += seq.prompt_len
