@@ -1,0 +1,111 @@
+"""Configuration of environments (which task an episode runs) and task datasets (where tasks
+come from).
+
+`EnvConfig` is a discriminated union on `name`: "arithmetic", "concise", "calculator", "command".
+`DatasetConfig` reads tasks from a local file or directory, or generates them with a built-in task.
+Like every config module this one never imports torch, nor the environments themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
+
+from tracerl.config.base import Config, ConfigError, format_validation_error
+
+
+class SamplingConfig(Config):
+    """What an environment asks the gateway for on every turn (the session may override it)."""
+
+    temperature: float = Field(default=1.0, ge=0)
+    """Sampling temperature sent with every request."""
+    max_tokens: int = Field(default=256, ge=1)
+    """Completion budget of one turn."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus sampling; unset leaves the engine's default."""
+
+
+class ChatEnvConfig(Config):
+    """Fields shared by the built-in environments, which talk to the gateway with the openai SDK."""
+
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    """Timeout of one request through the SDK (which never retries: the pool does)."""
+    system_prompt: str | None = None
+    """A system message put before the task's prompt; unset sends none."""
+
+
+class ArithmeticEnvConfig(ChatEnvConfig):
+    name: Literal["arithmetic"] = "arithmetic"
+
+
+class ConciseEnvConfig(ChatEnvConfig):
+    name: Literal["concise"] = "concise"
+
+
+class CalculatorEnvConfig(ChatEnvConfig):
+    name: Literal["calculator"] = "calculator"
+    max_turns: int = Field(default=4, ge=1, le=64)
+    """Model turns per episode; an episode still calling tools after this many scores 0."""
+
+
+class CommandEnvConfig(Config):
+    name: Literal["command"] = "command"
+    argv: list[str] = Field(min_length=1)
+    """The agent program and its arguments (no shell). It reads the task as JSON on stdin."""
+    cwd: str | None = None
+    """Working directory of the agent; unset is the current one."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the agent (the session's URLs and key are always set)."""
+    inherit_env: bool = True
+    """Start from this process's environment (PATH, HOME, ...); false starts from an empty one."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Wall-clock limit of one agent run; past it the agent's whole process group is killed."""
+    reward_fn: str | None = None
+    """Reward over the final trace when the agent prints no reward: a built-in name
+    ("arithmetic", "concise", "calculator") or "module:function" taking (task, trace)."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Passed to the agent as JSON in $TRACERL_SAMPLING (an agent may ignore it)."""
+
+
+EnvConfig = Annotated[
+    ArithmeticEnvConfig | ConciseEnvConfig | CalculatorEnvConfig | CommandEnvConfig,
+    Field(discriminator="name"),
+]
+"""One environment's configuration, chosen by its `name`."""
+
+_ENV_ADAPTER: TypeAdapter[EnvConfig] = TypeAdapter(EnvConfig)
+
+
+def parse_env_config(data: object, source: str = "env") -> EnvConfig:
+    """Validate a plain dict into an `EnvConfig`; `ConfigError` names every dotted path."""
+    try:
+        return _ENV_ADAPTER.validate_python(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, source)) from None
+
+
+class DatasetConfig(Config):
+    """Where an environment's tasks come from: exactly one of `path` and `generate`."""
+
+    path: str | None = None
+    """A JSONL file, a Parquet file, or a directory written by `datasets.save_to_disk`."""
+    format: Literal["auto", "jsonl", "parquet", "datasets"] = "auto"
+    """How to read `path`; "auto" goes by the suffix (.jsonl, .parquet) or a directory."""
+    split: str | None = None
+    """The split to use when `path` holds a `datasets.DatasetDict`."""
+    generate: Literal["arithmetic", "concise", "calculator"] | None = None
+    """Generate tasks with this built-in task instead of reading a file."""
+    num_tasks: int = Field(default=1000, ge=1)
+    """How many tasks `generate` makes."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of generation and of the per-epoch shuffle."""
+    shuffle: bool = True
+    """Visit tasks in a new seeded order every epoch; false keeps the file order."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.path is None) == (self.generate is None):
+            raise ValueError("set exactly one of path and generate")
+        return self

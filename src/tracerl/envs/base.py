@@ -1,0 +1,100 @@
+"""The seam between the RL loop and what plays an episode: `Session`, `EnvResult`, `Environment`.
+
+An environment gets a task (a JSON-like dict) and a gateway session (base URLs and key), plays the
+episode by talking to the model through the gateway only, and returns a reward with optional
+metrics. It never sees tokens: the gateway records them, and the loop reads the trace afterwards.
+An environment that cannot score the episode itself (an external agent that prints no reward)
+returns `reward=None`; the loop then scores the final trace with the environment's `reward_fn`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tracerl.gateway.schema import SessionTrace
+
+Task = dict[str, Any]
+"""One task: a JSON-serialisable dict whose fields each environment documents."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """A gateway session as `POST /sessions` returns it, plus what the loop wants sampled."""
+
+    session_id: str
+    api_key: str
+    openai_base_url: str
+    anthropic_base_url: str
+    model: str = "policy"
+    """The model name put in requests (the gateway serves its one model whatever the name)."""
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    """Overrides of the environment's sampling config (`temperature`, `max_tokens`, `top_p`)."""
+
+    @classmethod
+    def from_gateway(
+        cls,
+        reply: Mapping[str, Any],
+        *,
+        model: str = "policy",
+        sampling: Mapping[str, Any] | None = None,
+    ) -> Session:
+        """Build from the JSON body of `POST /sessions`."""
+        return cls(
+            session_id=reply["session_id"],
+            api_key=reply["api_key"],
+            openai_base_url=reply["openai_base_url"],
+            anthropic_base_url=reply["anthropic_base_url"],
+            model=model,
+            sampling=dict(sampling or {}),
+        )
+
+
+@dataclass(frozen=True)
+class EnvResult:
+    """What an environment returns; `reward=None` asks the loop to score the trace instead."""
+
+    reward: float | None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class TraceReward(Protocol):
+    """A reward over a finished episode's trace (`GET /sessions/{id}`), given its task."""
+
+    def __call__(self, task: Task, trace: SessionTrace) -> float: ...
+
+
+class Environment(Protocol):
+    """Plays one episode of a task through a gateway session.
+
+    Implementations are async because the loop runs hundreds of episodes at once: every network
+    call goes through an async client, with no retries of its own (the engine pool retries; an SDK
+    retry would record a turn twice) and an explicit timeout. Cancelling `run` must stop all the
+    episode's work, including any process it started.
+    """
+
+    @property
+    def name(self) -> str:
+        """The registry name ("arithmetic", "concise", "calculator", "command")."""
+        ...
+
+    @property
+    def task_fields(self) -> tuple[str, ...]:
+        """Fields every task must have; datasets check them row by row when loading."""
+        ...
+
+    @property
+    def reward_fn(self) -> TraceReward | None:
+        """Scores the trace when `run` returns `reward=None`; None if `run` always scores."""
+        ...
+
+    async def run(self, task: Task, session: Session) -> EnvResult: ...
+
+
+def sampling_params(defaults: Mapping[str, Any], session: Session) -> dict[str, Any]:
+    """The request's sampling fields: the config's defaults (unset ones dropped) under the
+    session's overrides."""
+    merged = {k: v for k, v in defaults.items() if v is not None}
+    merged.update(session.sampling)
+    return merged

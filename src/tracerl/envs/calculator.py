@@ -1,0 +1,113 @@
+"""`calculator`: a multi-turn tool-use episode through the official openai SDK.
+
+The model gets a question and a `calculate` tool. Each reply with tool calls gets one `tool`
+message per call, carrying the value from the safe evaluator (`tracerl.envs.expression`, never
+`eval`) or `error: <why>`; the episode goes on until a reply without tool calls, which is scored
+by exact answer, or until `max_turns` model turns, which scores 0. The assistant messages are
+sent back exactly as the SDK returned them, so the gateway sees each request extend the last one
+and records the whole episode as one trajectory.
+
+Task fields: `prompt` and `answer`. `generate_tasks` makes questions with three-digit products
+that a small model gets wrong without the tool.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from tracerl.config.envs import CalculatorEnvConfig
+from tracerl.envs.base import EnvResult, Session, Task, TraceReward, sampling_params
+from tracerl.envs.chat import first_messages, openai_client
+from tracerl.envs.expression import calculate
+from tracerl.envs.rewards import exact_answer_reward, from_final_text
+
+# Typed Any: the SDK's name for this TypedDict differs across the openai versions we accept.
+CALCULATE_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "calculate",
+        "description": (
+            "Evaluate an arithmetic expression with + - * / // % ** and parentheses; "
+            "returns its value."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "expression": {"type": "string", "description": "for example (347 * 29) + 18"}
+            },
+            "required": ["expression"],
+        },
+    },
+}
+INSTRUCTION = "Use the calculate tool for arithmetic, then state the final answer as a number."
+
+
+def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
+    rng = random.Random(f"tracerl.calculator:{seed}")
+    tasks: list[Task] = []
+    for _ in range(num_tasks):
+        a, b, c = rng.randint(100, 999), rng.randint(11, 99), rng.randint(1, 99)
+        if rng.random() < 0.5:
+            tasks.append({"prompt": f"What is {a} * {b} + {c}?", "answer": a * b + c})
+        else:
+            tasks.append({"prompt": f"What is ({a} - {c}) * {b}?", "answer": (a - c) * b})
+    return tasks
+
+
+def run_tool(name: str, arguments: str) -> tuple[str, bool]:
+    """The tool message's content for one call, and whether it was an error."""
+    if name != "calculate":
+        return f"error: unknown tool {name!r}; the only tool is calculate", True
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError:
+        return "error: the arguments are not valid JSON", True
+    if not isinstance(args, dict) or not isinstance(args.get("expression"), str):
+        return 'error: expected arguments {"expression": "<arithmetic>"}', True
+    result = calculate(args["expression"])
+    return result, result.startswith("error:")
+
+
+class CalculatorEnvironment:
+    name = "calculator"
+    task_fields: tuple[str, ...] = ("prompt", "answer")
+
+    def __init__(self, config: CalculatorEnvConfig) -> None:
+        self.config = config
+        self.reward_fn: TraceReward | None = from_final_text(exact_answer_reward)
+
+    async def run(self, task: Task, session: Session) -> EnvResult:
+        sampling = sampling_params(self.config.sampling.model_dump(), session)
+        messages = first_messages(self.config, f"{task['prompt']}\n{INSTRUCTION}")
+        turns = tool_calls = tool_errors = 0
+        async with openai_client(session, self.config.request_timeout_s) as client:
+            while turns < self.config.max_turns:
+                reply = await client.chat.completions.create(
+                    model=session.model, messages=messages, tools=[CALCULATE_TOOL], **sampling
+                )
+                turns += 1
+                message = reply.choices[0].message
+                if not message.tool_calls:
+                    reward = exact_answer_reward(task, message.content or "")
+                    return EnvResult(reward, _metrics(turns, tool_calls, tool_errors, False))
+                messages.append(message.model_dump(exclude_none=True))
+                for call in message.tool_calls:
+                    if call.type == "function":
+                        content, error = run_tool(call.function.name, call.function.arguments)
+                    else:
+                        content, error = "error: only function tools are supported", True
+                    tool_calls += 1
+                    tool_errors += error
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        return EnvResult(0.0, _metrics(turns, tool_calls, tool_errors, True))
+
+
+def _metrics(turns: int, tool_calls: int, tool_errors: int, turn_limit: bool) -> dict[str, float]:
+    return {
+        "turns": float(turns),
+        "tool_calls": float(tool_calls),
+        "tool_errors": float(tool_errors),
+        "turn_limit": float(turn_limit),
+    }

@@ -1,0 +1,159 @@
+"""Datasets: JSONL and Parquet rows, errors that name the file and line, seeded shuffles, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tracerl.config.envs import DatasetConfig
+from tracerl.envs.dataset import DatasetError, TaskDataset, load_dataset, read_tasks
+
+
+def write_jsonl(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_jsonl_rows_in_file_order(tmp_path: Path) -> None:
+    rows = [{"prompt": f"q{k}", "answer": k} for k in range(5)]
+    path = write_jsonl(tmp_path / "train.jsonl", [json.dumps(r) for r in rows[:2]] + ["", "  "])
+    with path.open("a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows[2:])
+    ds = load_dataset(DatasetConfig(path=str(path), shuffle=False), ["prompt", "answer"])
+    assert [ds.next().task for _ in range(5)] == rows  # blank lines skipped
+    assert ds.next().index == 0 and ds.position == 6  # the next epoch starts over
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"prompt": "a", "answer": 1}', '{"answer": 2}'], ':2: missing field "prompt"'),
+        (['{"prompt": "a", "answer": 1}', "", '{"prompt": "b"'], ":3: invalid JSON"),
+        (['["prompt", "answer"]'], ":1: expected a JSON object, got list"),
+        (['{"prompt": null, "answer": 1}'], ':1: field "prompt" is null'),
+    ],
+)
+def test_bad_rows_name_file_and_line(tmp_path: Path, lines: list[str], message: str) -> None:
+    path = write_jsonl(tmp_path / "train.jsonl", lines)
+    with pytest.raises(DatasetError) as err:
+        load_dataset(DatasetConfig(path=str(path)), ["prompt", "answer"])
+    assert str(err.value).startswith(f"{path}{message}")
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    (tmp_path / "bytes.jsonl").write_bytes(b'{"prompt": "a"}\n\xff\xfe\n')
+    with pytest.raises(DatasetError, match=r"bytes.jsonl:2: not valid UTF-8"):
+        read_tasks(tmp_path / "bytes.jsonl")
+    with pytest.raises(DatasetError, match="no such file"):
+        read_tasks(tmp_path / "missing.jsonl")
+    (tmp_path / "tasks.csv").write_text("prompt\n")
+    with pytest.raises(DatasetError, match="set dataset.format"):
+        read_tasks(tmp_path / "tasks.csv")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DatasetError, match="empty.jsonl: no tasks"):
+        load_dataset(DatasetConfig(path=str(tmp_path / "empty.jsonl")))
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(DatasetError, match="not a readable Parquet file"):
+        read_tasks(tmp_path / "junk.parquet")
+
+
+def test_parquet(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.table({"prompt": ["a", "b", None], "answer": [1, 2, 3]})
+    pq.write_table(table.slice(0, 2), tmp_path / "good.parquet")
+    pq.write_table(table, tmp_path / "bad.parquet")
+    ds = load_dataset(DatasetConfig(path=str(tmp_path / "good.parquet"), shuffle=False))
+    assert [ds[0], ds[1]] == [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]
+    with pytest.raises(DatasetError, match=r'bad.parquet:row 3: field "prompt" is null'):
+        read_tasks(tmp_path / "bad.parquet", required_fields=["prompt"])
+
+
+def test_saved_datasets_directory_needs_the_package_or_loads(tmp_path: Path) -> None:
+    try:
+        import datasets
+    except ImportError:
+        (tmp_path / "saved").mkdir()
+        with pytest.raises(DatasetError, match="needs the datasets package"):
+            read_tasks(tmp_path / "saved")
+        return
+    datasets.Dataset.from_list([{"prompt": "a"}, {"x": 1}]).save_to_disk(tmp_path / "saved")
+    with pytest.raises(DatasetError, match=r'saved:row 2: missing field "prompt"'):
+        read_tasks(tmp_path / "saved", required_fields=["prompt"])
+
+
+def test_shuffle_is_seeded_per_epoch_and_covers_every_row() -> None:
+    tasks = [{"k": k} for k in range(50)]
+    a = TaskDataset(tasks, source="t", seed=3)
+    b = TaskDataset(tasks, source="t", seed=3)
+    other = TaskDataset(tasks, source="t", seed=4)
+    assert a.epoch_order(0) == b.epoch_order(0)
+    assert sorted(a.epoch_order(0)) == list(range(50))
+    assert a.epoch_order(0) != list(range(50))
+    assert a.epoch_order(1) != a.epoch_order(0)
+    assert other.epoch_order(0) != a.epoch_order(0)
+    first_epoch = [a.next() for _ in range(50)]
+    assert [item.index for item in first_epoch] == b.epoch_order(0)
+    assert all(item.task == tasks[item.index] and item.epoch == 0 for item in first_epoch)
+    assert a.next().epoch == 1
+
+
+def test_resume_continues_the_same_sequence() -> None:
+    tasks = [{"k": k} for k in range(7)]
+    straight = TaskDataset(tasks, source="t", seed=1)
+    expected = [straight.next().index for _ in range(20)]
+
+    first = TaskDataset(tasks, source="t", seed=1)
+    drawn = [first.next().index for _ in range(9)]  # into the second epoch
+    state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
+    resumed = TaskDataset(tasks, source="t", seed=1)
+    resumed.load_state_dict(state)
+    assert resumed.position == 9
+    drawn += [resumed.next().index for _ in range(11)]
+    assert drawn == expected
+    assert resumed.at(3).index == expected[3]  # any position can be looked at again
+
+
+def test_resume_refuses_a_different_dataset() -> None:
+    state = TaskDataset([{"k": 0}, {"k": 1}], source="t", seed=1).state_dict()
+    with pytest.raises(DatasetError, match="cannot resume"):
+        TaskDataset([{"k": 0}], source="t", seed=1).load_state_dict(state)
+    with pytest.raises(DatasetError, match="cannot resume"):
+        TaskDataset([{"k": 0}, {"k": 1}], source="t", seed=2).load_state_dict(state)
+
+
+def test_tasks_handed_out_are_copies() -> None:
+    ds = TaskDataset([{"k": 0}], source="t")
+    ds.next().task["k"] = 99
+    assert ds[0] == {"k": 0}
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "concise", "calculator"])
+def test_generated_tasks_are_seeded(name: str) -> None:
+    config = DatasetConfig(generate=name, num_tasks=30, seed=5)
+    one, two = load_dataset(config, ["prompt"]), load_dataset(config, ["prompt"])
+    assert [one[k] for k in range(30)] == [two[k] for k in range(30)]
+    other = load_dataset(DatasetConfig(generate=name, num_tasks=30, seed=6))
+    assert [one[k] for k in range(30)] != [other[k] for k in range(30)]
+    assert len({json.dumps(one[k]) for k in range(30)}) > 15  # varied, not one task repeated
+
+
+def test_generated_tasks_are_checked_for_the_environment_fields() -> None:
+    with pytest.raises(
+        DatasetError, match=r'generated concise tasks:row 1: missing field "answer"'
+    ):
+        load_dataset(DatasetConfig(generate="concise", num_tasks=3), ["prompt", "answer"])
+
+
+def test_generated_answers_are_right() -> None:
+    from tracerl.envs.expression import evaluate
+
+    for name in ("arithmetic", "calculator"):
+        ds = load_dataset(DatasetConfig(generate=name, num_tasks=40))
+        for k in range(40):
+            task = ds[k]
+            expression = task["prompt"].removeprefix("What is ").removesuffix("?")
+            assert evaluate(expression) == task["answer"], task

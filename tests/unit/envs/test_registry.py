@@ -1,0 +1,73 @@
+"""Environment configs and the registry: names, validation with dotted paths, no torch import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tracerl.config import ConfigError
+from tracerl.config.envs import CommandEnvConfig, DatasetConfig, parse_env_config
+from tracerl.envs import ENVIRONMENTS, make_environment
+from tracerl.envs.calculator import CalculatorEnvironment
+from tracerl.envs.command import CommandEnvironment
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "concise", "calculator"])
+def test_builtin_environments_by_name(name: str) -> None:
+    env = make_environment({"name": name, "sampling": {"temperature": 0.7}})
+    assert env.name == name
+    assert "prompt" in env.task_fields
+    assert env.reward_fn is not None  # built-ins can also score a trace
+
+
+def test_all_names_are_buildable() -> None:
+    for name in ENVIRONMENTS:
+        body = {"name": name, "argv": ["true"]} if name == "command" else {"name": name}
+        assert make_environment(body).name == name
+
+
+def test_typed_configs_work_too() -> None:
+    env = make_environment(parse_env_config({"name": "calculator", "max_turns": 2}))
+    assert isinstance(env, CalculatorEnvironment) and env.config.max_turns == 2
+    command = make_environment(CommandEnvConfig(argv=["agent"], reward_fn="arithmetic"))
+    assert isinstance(command, CommandEnvironment) and command.reward_fn is not None
+    assert make_environment(CommandEnvConfig(argv=["agent"])).reward_fn is None
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"name": "calculator", "max_turn": 3}, "calculator.max_turn: unknown key"),
+        ({"name": "arithmetic", "sampling": {"temp": 1}}, "arithmetic.sampling.temp: unknown key"),
+        ({"name": "command", "argv": []}, "command.argv: List should have at least 1 item"),
+        ({"name": "command"}, "command.argv: Field required"),
+        ({"name": "calculator", "max_turns": 0}, "calculator.max_turns: Input should be greater"),
+        ({"name": "chess"}, "does not match any of the expected tags"),
+        ({"sampling": {}}, "Unable to extract tag using discriminator 'name'"),
+    ],
+)
+def test_bad_configs_name_the_dotted_path(body: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        make_environment(body)
+    assert message in str(err.value)
+
+
+def test_a_bad_reward_fn_fails_when_the_environment_is_made() -> None:
+    with pytest.raises(ValueError, match="reward_fn 'no_such_module_xyz:f': cannot import"):
+        make_environment({"name": "command", "argv": ["a"], "reward_fn": "no_such_module_xyz:f"})
+
+
+def test_dataset_config_needs_exactly_one_source() -> None:
+    with pytest.raises(ValueError, match="exactly one of path and generate"):
+        DatasetConfig()
+    with pytest.raises(ValueError, match="exactly one of path and generate"):
+        DatasetConfig(path="a.jsonl", generate="arithmetic")
+    with pytest.raises(ValueError, match="extra"):
+        DatasetConfig(path="a.jsonl", shufle=False)  # type: ignore[call-arg]
+
+
+def test_config_module_does_not_import_torch() -> None:
+    code = "import sys, tracerl.config.envs; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
