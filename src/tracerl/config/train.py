@@ -1,0 +1,157 @@
+"""Configuration of the trainer (`tracerl.train`): models, algorithm, optimisation per model,
+batching, KL, checkpoints. No torch here: the CLI validates this before any heavy import."""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import Field, model_validator
+
+from tracerl.config.base import Config
+
+Algorithm = Literal["ppo", "grpo", "dr_grpo", "rloo"]
+LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
+
+# Fields that may differ between a checkpoint and the run resuming it: they change neither the
+# numbers a step computes nor the shapes of anything saved.
+RESUME_SAFE_FIELDS = frozenset({"keep_last_n", "offload_models"})
+
+
+class OptimizerConfig(Config):
+    """AdamW, its learning-rate schedule and how often one batch is reused, for one model."""
+
+    lr: float = Field(default=1e-6, gt=0)
+    """Peak learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0)
+    """AdamW decoupled weight decay."""
+    beta1: float = Field(default=0.9, ge=0, lt=1)
+    """AdamW first-moment decay."""
+    beta2: float = Field(default=0.999, ge=0, lt=1)
+    """AdamW second-moment decay."""
+    eps: float = Field(default=1e-8, gt=0)
+    """AdamW denominator epsilon."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Shape of the rate after warmup, down to lr * min_lr_ratio at total_steps."""
+    lr_warmup_steps: int = Field(default=0, ge=0)
+    """Trainer steps of linear learning-rate warmup (not critic warmup: see critic_warmup_steps)."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Floor of the decayed rate, as a fraction of lr; held past total_steps."""
+    epochs: int = Field(default=1, ge=1)
+    """Passes over each step's batch."""
+    mini_batches: int = Field(default=1, ge=1)
+    """Optimizer updates per pass (the batch is shuffled and cut into this many parts; capped
+    at the number of trajectories)."""
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    """Clip the gradient to this global norm; unset: no clipping."""
+    skip_grad_norm: float | None = Field(default=None, gt=0)
+    """Skip an update (and its schedule step) whose gradient norm exceeds this; non-finite
+    norms are always skipped."""
+
+
+def _critic_defaults() -> OptimizerConfig:
+    # The critic starts from a random head and must catch up with the returns quickly: a higher
+    # rate than the policy is the usual choice.
+    return OptimizerConfig(lr=5e-6)
+
+
+class TrainerConfig(Config):
+    model: str = "smollm2-135m"
+    """Actor: a built-in name (smollm2-135m, tiny) or a Hugging Face directory; the critic and
+    the reference model derive from it."""
+    algorithm: Algorithm = "ppo"
+    """ppo (learned critic, GAE) or a group baseline: grpo, dr_grpo, rloo."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype of every model (log-probs, losses and advantages are float32 anyway)."""
+    seed: int = 0
+    """Seeds the critic head, mini-batch shuffling and torch's generators."""
+    temperature: float = Field(default=1.0, ge=0)
+    """Rollout sampling temperature: log-probs are log_softmax(logits / T), as the engine
+    reports them (0: greedy, reported at T = 1)."""
+    total_steps: int = Field(default=1000, ge=1)
+    """Trainer steps the learning-rate schedules span."""
+    actor: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    """Actor optimisation."""
+    critic: OptimizerConfig = Field(default_factory=_critic_defaults)
+    """Critic optimisation (ppo only)."""
+    token_budget: int = Field(default=8192, ge=2)
+    """Tokens per micro-batch; gradients accumulate over micro-batches with one denominator
+    per optimizer update. A longer trajectory gets a micro-batch of its own."""
+    batching: Literal["pack", "pad"] = "pack"
+    """pack: trajectories packed into rows of at most token_budget tokens (no padding); pad:
+    naive padding of every trajectory to the longest (the benchmark baseline, and a fallback
+    for models that cannot attend within packed rows)."""
+    clip_low: float = Field(default=0.2, ge=0)
+    """PPO ratio clip below 1 (epsilon low)."""
+    clip_high: float = Field(default=0.2, ge=0)
+    """PPO ratio clip above 1 (epsilon high; > clip_low is clip-higher)."""
+    dual_clip: float | None = Field(default=None, gt=1)
+    """Dual-clip bound c on the loss of negative-advantage tokens; unset: off."""
+    tis_cap: float | None = Field(default=2.0, gt=0)
+    """Cap of the truncated importance weight exp(old - rollout log-prob); unset: no
+    truncation."""
+    loss_agg: LossAgg = "token_mean"
+    """How per-token losses reduce (one global denominator per update)."""
+    value_clip: float | None = Field(default=0.2, gt=0)
+    """Trust region of the clipped value loss around the pre-update values; unset: plain MSE."""
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    """GAE discount over action tokens (1.0 is standard for RLHF: the reward is terminal)."""
+    lam: float = Field(default=0.95, ge=0, le=1)
+    """GAE lambda."""
+    whiten_advantages: bool = True
+    """ppo: whiten GAE advantages over the batch's action tokens before the actor update."""
+    std_normalize: bool = True
+    """grpo: divide by the group's reward standard deviation."""
+    filter_uniform_groups: bool = True
+    """Group baselines: drop groups whose rewards are all equal (their advantage is 0)."""
+    critic_warmup_steps: int = Field(default=0, ge=0)
+    """ppo: the first steps train only the critic (no actor forward, update or schedule step)."""
+    kl_loss_coef: float = Field(default=0.0, ge=0)
+    """Coefficient of KL(actor || reference) added to the actor loss (group baselines, or ppo
+    without kl_reward_coef)."""
+    kl_reward_coef: float = Field(default=0.0, ge=0)
+    """ppo: beta of KL-in-reward, subtracted from action-token rewards before GAE, so the value
+    targets carry the penalty."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator for either KL path."""
+    kl_behavior_logprobs: Literal["recompute", "rollout"] = "recompute"
+    """KL-in-reward: the actor's log-probs recomputed (an extra actor forward) or the
+    rollout's (measures the train/inference mismatch too). Critic warmup always uses the
+    rollout's."""
+    offload_models: bool = True
+    """On CUDA, keep models not used by the current phase (and their optimizer state) on the
+    host; ignored on CPU."""
+    keep_last_n: int = Field(default=2, ge=1)
+    """Checkpoints kept; older ones are deleted after each save."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.kl_loss_coef > 0 and self.kl_reward_coef > 0:
+            raise ValueError(
+                "kl_loss_coef and kl_reward_coef are both set: the loss term reaches only the "
+                "policy gradient, the reward term also shapes the value targets; choose one"
+            )
+        if self.algorithm != "ppo":
+            if self.kl_reward_coef > 0:
+                raise ValueError(
+                    f"kl_reward_coef needs algorithm='ppo' (a critic), got {self.algorithm!r}; "
+                    "use kl_loss_coef"
+                )
+            if self.critic_warmup_steps > 0:
+                raise ValueError(
+                    f"critic_warmup_steps needs algorithm='ppo', got {self.algorithm!r}"
+                )
+        for name, optim in (("actor", self.actor), ("critic", self.critic)):
+            if optim.lr_warmup_steps > self.total_steps:
+                raise ValueError(
+                    f"{name}.lr_warmup_steps ({optim.lr_warmup_steps}) exceeds total_steps "
+                    f"({self.total_steps})"
+                )
+        return self
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algorithm == "ppo"
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl_loss_coef > 0 or self.kl_reward_coef > 0
