@@ -1,0 +1,263 @@
+"""What the trainer takes (`TrainSample`) and how a step's samples become model inputs.
+
+Per-token data of a step lives in one packed layout: the samples' tokens concatenated, `[N]`,
+with `cu_seqlens` `[B + 1]` marking boundaries (the layout of `tracerl.algo`). Only a
+micro-batch's model input differs by `batching`:
+
+- `pack`: the samples of a micro-batch concatenated into one row `[1, n]`, positions restarting
+  at 0 for each, so attention never crosses samples and nothing is padded. Samples are placed by
+  first-fit decreasing into rows of at most `token_budget` tokens.
+- `pad`: naive padding: every sample padded to the longest of the batch, `token_budget // L`
+  rows per micro-batch. Kept as the benchmark baseline and for models that cannot attend within
+  packed rows.
+
+Either way a micro-batch's model outputs are wanted only at positions whose *next* token is an
+action (`keep`); they come back flattened in packed order, so `actions` (their positions in the
+step's packed layout) is all it takes to put results in place.
+
+This module does not run models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from tracerl.gateway.schema import Trajectory
+
+Batching = Literal["pack", "pad"]
+
+
+class SampleError(ValueError):
+    """A training sample that cannot be trained on (the message names the sample and field)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainSample:
+    """One trajectory as the trainer takes it.
+
+    `logprobs[t]` is the rollout log-probability of `token_ids[t]` (0.0 where `loss_mask` is 0);
+    `reward` is the trajectory's score, placed on its last action token (PPO) or compared within
+    its group (`group_id`, group baselines); `weight_version` is the policy version that sampled it.
+    """
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    reward: float
+    group_id: int = 0
+    weight_version: int = 0
+
+    @classmethod
+    def from_trajectory(
+        cls, trajectory: Trajectory, *, reward: float, group_id: int = 0, weight_version: int = 0
+    ) -> TrainSample:
+        """From the gateway's recorded `Trajectory`; pass its oldest turn's `weight_version`."""
+        return cls(
+            token_ids=list(trajectory.token_ids),
+            loss_mask=list(trajectory.loss_mask),
+            logprobs=list(trajectory.logprobs),
+            reward=reward,
+            group_id=group_id,
+            weight_version=weight_version,
+        )
+
+    def check(self, index: int) -> None:
+        n = len(self.token_ids)
+        if len(self.loss_mask) != n or len(self.logprobs) != n:
+            raise SampleError(
+                f"sample {index}: token_ids, loss_mask and logprobs have lengths "
+                f"{n}, {len(self.loss_mask)}, {len(self.logprobs)}"
+            )
+        if n < 2:
+            raise SampleError(f"sample {index}: token_ids needs at least 2 tokens, got {n}")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise SampleError(f"sample {index}: loss_mask must hold only 0 and 1")
+        if self.loss_mask[0]:
+            raise SampleError(
+                f"sample {index}: loss_mask[0] is 1, but the first token has no context"
+            )
+        if not math.isfinite(self.reward):
+            raise SampleError(f"sample {index}: reward is {self.reward}")
+        bad = [
+            t
+            for t, (m, lp) in enumerate(zip(self.loss_mask, self.logprobs, strict=True))
+            if m and not math.isfinite(lp)
+        ]
+        if bad:
+            raise SampleError(
+                f"sample {index}: logprobs[{bad[0]}] is {self.logprobs[bad[0]]} at an action token"
+            )
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """A step's samples in the packed layout, on the training device."""
+
+    token_ids: torch.Tensor  # [N] int64
+    loss_mask: torch.Tensor  # [N] float32, 1 on action tokens
+    rollout_logprobs: torch.Tensor  # [N] float32
+    cu_seqlens: torch.Tensor  # [B + 1] int64
+    rewards: torch.Tensor  # [B] float32
+    group_ids: torch.Tensor  # [B] int64
+    lengths: list[int]
+    weight_versions: list[int]
+
+    @classmethod
+    def build(cls, samples: Sequence[TrainSample], device: torch.device) -> PackedBatch:
+        if not samples:
+            raise SampleError("samples: a step needs at least one sample")
+        for i, s in enumerate(samples):
+            s.check(i)
+        lengths = [len(s.token_ids) for s in samples]
+        cu = torch.zeros(len(samples) + 1, dtype=torch.int64)
+        cu[1:] = torch.cumsum(torch.tensor(lengths), 0)
+
+        def cat(field: str, dtype: torch.dtype) -> torch.Tensor:
+            flat = [x for s in samples for x in getattr(s, field)]
+            return torch.tensor(flat, dtype=dtype, device=device)
+
+        return cls(
+            token_ids=cat("token_ids", torch.int64),
+            loss_mask=cat("loss_mask", torch.float32),
+            rollout_logprobs=cat("logprobs", torch.float32),
+            cu_seqlens=cu.to(device),
+            rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32, device=device),
+            group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.int64, device=device),
+            lengths=lengths,
+            weight_versions=[s.weight_version for s in samples],
+        )
+
+    @property
+    def size(self) -> int:
+        return len(self.lengths)
+
+    def token_index(self, samples: Sequence[int]) -> torch.Tensor:
+        """Positions in the packed layout of `samples`' tokens, in the given order. `[n]`"""
+        starts = self.cu_seqlens[torch.tensor(list(samples), device=self.cu_seqlens.device)]
+        lengths = torch.tensor([self.lengths[i] for i in samples], device=starts.device)
+        offsets = torch.arange(int(lengths.sum()), device=starts.device)
+        first = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+        return torch.repeat_interleave(starts, lengths) + offsets - first
+
+    def select(self, samples: Sequence[int]) -> PackedBatch:
+        """The sub-batch of `samples`, in the given order."""
+        index = self.token_index(samples)
+        rows = torch.tensor(list(samples), device=self.rewards.device)
+        lengths = [self.lengths[i] for i in samples]
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+        cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int64), 0)
+        return PackedBatch(
+            token_ids=self.token_ids[index],
+            loss_mask=self.loss_mask[index],
+            rollout_logprobs=self.rollout_logprobs[index],
+            cu_seqlens=cu.to(self.cu_seqlens.device),
+            rewards=self.rewards[rows],
+            group_ids=self.group_ids[rows],
+            lengths=lengths,
+            weight_versions=[self.weight_versions[i] for i in samples],
+        )
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward/backward's worth of samples and its model input."""
+
+    samples: list[int]  # indices into the step's batch
+    input_ids: torch.Tensor  # [R, L]
+    position_ids: torch.Tensor | None  # [1, n] for packed rows
+    attention_mask: torch.Tensor | None  # [R, L] for padded rows
+    keep: torch.Tensor  # [R, L] bool: outputs wanted here (the next token is an action)
+    actions: torch.Tensor  # [k] positions in the step's packed layout, in output order
+    tokens: torch.Tensor  # [k] the action tokens, in output order
+    cu_seqlens: torch.Tensor  # [len(samples) + 1] over `actions`: each sample's action run
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens the model processes, padding included."""
+        return self.input_ids.numel()
+
+
+def plan_packs(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Group sample indices into rows of at most `token_budget` tokens (first-fit decreasing;
+    a longer sample gets a row of its own). Each row lists its samples in ascending order."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(token_budget - lengths[i])
+    return [sorted(row) for row in rows]
+
+
+def plan_padded(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Naive padding: samples in order, `token_budget // longest` rows per micro-batch."""
+    per = max(1, token_budget // max(lengths))
+    return [list(range(i, min(i + per, len(lengths)))) for i in range(0, len(lengths), per)]
+
+
+def micro_batches(
+    batch: PackedBatch, samples: Sequence[int], token_budget: int, batching: Batching
+) -> list[MicroBatch]:
+    """Cut `samples` (indices into `batch`) into micro-batches under `token_budget`."""
+    lengths = [batch.lengths[i] for i in samples]
+    if batching == "pack":
+        plan = plan_packs(lengths, token_budget)
+    elif batching == "pad":
+        plan = plan_padded(lengths, token_budget)
+    else:
+        raise ValueError(f"batching: expected pack or pad, got {batching!r}")
+    width = max(lengths)  # pad: every row to the longest of all `samples`
+    return [_build(batch, [samples[j] for j in part], batching, width) for part in plan]
+
+
+def _build(batch: PackedBatch, samples: list[int], batching: Batching, width: int) -> MicroBatch:
+    device = batch.token_ids.device
+    index = batch.token_index(samples)  # [n]
+    ids, mask = batch.token_ids[index], batch.loss_mask[index]
+    lengths = [batch.lengths[i] for i in samples]
+    next_is_action = torch.zeros_like(mask, dtype=torch.bool)
+    next_is_action[:-1] = mask[1:].bool()  # never crosses samples: a first token is no action
+    segment = torch.repeat_interleave(
+        torch.arange(len(samples), device=device), torch.tensor(lengths, device=device)
+    )
+    action_counts = torch.zeros(len(samples), device=device).index_add(0, segment, mask)
+    cu = torch.zeros(len(samples) + 1, dtype=torch.int64, device=device)
+    cu[1:] = torch.cumsum(action_counts.long(), 0)
+    actions = index[mask.bool()]
+    common = {"actions": actions, "tokens": batch.token_ids[actions], "cu_seqlens": cu}
+    if batching == "pack":
+        positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+        return MicroBatch(
+            samples=samples,
+            input_ids=ids[None],
+            position_ids=positions[None],
+            attention_mask=None,
+            keep=next_is_action[None],
+            **common,
+        )
+    rows = len(samples)
+    column = torch.arange(width, device=device)[None, :]  # [1, L]
+    present = column < torch.tensor(lengths, device=device)[:, None]  # [R, L]
+    input_ids = torch.zeros(rows, width, dtype=torch.int64, device=device)
+    keep = torch.zeros(rows, width, dtype=torch.bool, device=device)
+    input_ids[present] = ids
+    keep[present] = next_is_action
+    return MicroBatch(
+        samples=samples,
+        input_ids=input_ids,
+        position_ids=None,
+        attention_mask=present.long(),
+        keep=keep,
+        **common,
+    )

@@ -1,0 +1,69 @@
+"""Model forwards over micro-batches: log-probs of action tokens and values before them.
+
+Log-probs follow the engine's definition: `log_softmax(logits / T)` at the sampled token, before
+any top-p / top-k truncation (`tracerl.engine.sampling`); T = 0 (greedy) is reported at T = 1.
+Logits are computed only where the next token is an action (`logits_to_keep` with the
+micro-batch's boolean `keep`), so prompt and observation tokens never reach the vocabulary
+head. The log-prob is `z[token] - logsumexp(z)`, which never materialises a second `[k, V]`
+log-softmax for backward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tracerl.algo.losses import entropy_from_logits
+from tracerl.train.batch import MicroBatch
+
+
+def action_logprobs(
+    model: Any, mb: MicroBatch, temperature: float, *, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of `mb`'s action tokens `[k]` (with grad if enabled), and their entropies
+    `[k]` (no grad) when asked."""
+    logits = model(
+        input_ids=mb.input_ids,
+        position_ids=mb.position_ids,
+        attention_mask=mb.attention_mask,
+        logits_to_keep=mb.keep,
+        use_cache=False,
+    ).logits.float()  # [k, V]
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    chosen = logits.gather(-1, mb.tokens[:, None])[:, 0]  # [k]
+    logprobs = chosen - torch.logsumexp(logits, dim=-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach())
+    return logprobs, entropy
+
+
+def action_values(critic: Any, mb: MicroBatch) -> torch.Tensor:
+    """The critic's value of the state before each action token of `mb`. `[k]`"""
+    values: torch.Tensor = critic(
+        mb.input_ids, keep=mb.keep, position_ids=mb.position_ids, attention_mask=mb.attention_mask
+    )
+    return values
+
+
+@torch.no_grad()
+def all_logprobs(
+    model: Any, mbs: list[MicroBatch], size: int, temperature: float, device: torch.device
+) -> torch.Tensor:
+    """Log-probs over a step's packed layout of `size` tokens (0 off actions). `[N]`"""
+    out = torch.zeros(size, dtype=torch.float32, device=device)
+    for mb in mbs:
+        out[mb.actions] = action_logprobs(model, mb, temperature)[0]
+    return out
+
+
+@torch.no_grad()
+def all_values(critic: Any, mbs: list[MicroBatch], size: int, device: torch.device) -> torch.Tensor:
+    """Values over a step's packed layout of `size` tokens (0 off actions). `[N]`"""
+    out = torch.zeros(size, dtype=torch.float32, device=device)
+    for mb in mbs:
+        out[mb.actions] = action_values(critic, mb)
+    return out

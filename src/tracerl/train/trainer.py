@@ -1,0 +1,375 @@
+"""The trainer: one `step(samples) -> metrics` of PPO (critic, GAE) or a group baseline, plus
+checkpoints and weight export. The RL loop drives it; it never talks HTTP.
+
+    trainer = Trainer(TrainerConfig(model="tiny", algorithm="ppo"))
+    metrics = trainer.step([TrainSample(token_ids, loss_mask, logprobs, reward, group_id, v)])
+    trainer.save_checkpoint(run_dir / "checkpoints", loop_state={"data_position": 7})
+    loop_state = trainer.load_checkpoint(run_dir / "checkpoints")   # the newest one
+    trainer.export(run_dir / "export")        # Hugging Face dir for engines; critic/ inside
+    await pool.update_weights(None, version, trainer.actor_named_tensors())  # in process
+
+A PPO step: reference log-probs (KL configured) -> behaviour log-probs (KL-in-reward with
+`recompute`) -> critic values under no_grad -> token rewards (terminal score, minus
+beta * KL) -> GAE -> critic updates -> actor updates (PPO-clip with TIS against the rollout
+log-probs). During `critic_warmup_steps` it stops after the critic: no actor forward, update or
+schedule step, and KL-in-reward uses the rollout log-probs. A group-baseline step drops
+uniform-reward groups (counted), takes `group_advantages` for every action token of a
+trajectory, and updates the actor (optionally with the KL loss). Phases go through
+`MemoryPhases`, which on CUDA moves the models not in use to the host.
+
+Models run in eval mode (no dropout), so the first update's ratio is exactly 1. When the actor
+makes one update per step its old log-probs are that update's own forward (detached); with
+more, they come from a no-grad pass first. Metrics are `dict[str, float]`, grouped by prefix:
+`actor/`, `critic/`, `adv/`, `reward/`, `mismatch/` (train vs rollout log-probs), `kl/`,
+`groups/`, `time/` (seconds per phase), `perf/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tracerl.algo.advantages import gae, group_advantages, terminal_rewards, uniform_groups, whiten
+from tracerl.algo.losses import kl_in_reward, kl_per_token
+from tracerl.algo.stats import explained_variance
+from tracerl.config.train import RESUME_SAFE_FIELDS, OptimizerConfig, TrainerConfig
+from tracerl.train import checkpoint as ckpt
+from tracerl.train.batch import MicroBatch, PackedBatch, TrainSample, micro_batches
+from tracerl.train.forward import all_logprobs, all_values
+from tracerl.train.models import load_actor, load_reference, value_model_from_actor
+from tracerl.train.phases import MemoryPhases, Phase, Place
+from tracerl.train.schedule import ResumableLambdaLR, build_lr_schedule
+from tracerl.train.update import ActorTargets, Metrics, token_stats, update_actor, update_critic
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class Trainer:
+    def __init__(self, config: TrainerConfig, device: str | torch.device | None = None) -> None:
+        self.config = config
+        self.device = torch.device(
+            device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
+        )
+        torch.manual_seed(config.seed)
+        random.seed(config.seed)
+        dtype = DTYPES[config.dtype]
+        self.actor, self.tokenizer, self.model_path = load_actor(config.model, dtype=dtype)
+        self.actor.eval()
+        self.critic = (
+            value_model_from_actor(self.actor, seed=config.seed).to(dtype).eval()
+            if config.uses_critic
+            else None
+        )
+        self.reference = (
+            load_reference(self.model_path, dtype=dtype) if config.uses_reference else None
+        )
+        self.actor_optimizer, self.actor_scheduler = self._optimizer(self.actor, config.actor)
+        self.critic_optimizer: torch.optim.Optimizer | None = None
+        self.critic_scheduler: ResumableLambdaLR | None = None
+        if self.critic is not None:
+            self.critic_optimizer, self.critic_scheduler = self._optimizer(
+                self.critic, config.critic
+            )
+        offload = self.device.type == "cuda" and config.offload_models
+        self.phases = MemoryPhases(self._transfer if offload else None)
+        if not offload:
+            for model in self._models().values():
+                model.to(self.device)
+        self.step_count = 0
+
+    # ---- models ---------------------------------------------------------------------------
+
+    def _models(self) -> dict[str, torch.nn.Module]:
+        models = {"actor": self.actor}
+        if self.critic is not None:
+            models["critic"] = self.critic
+        if self.reference is not None:
+            models["reference"] = self.reference
+        return models
+
+    def _optimizer(
+        self, model: torch.nn.Module, optim: OptimizerConfig
+    ) -> tuple[torch.optim.Optimizer, ResumableLambdaLR]:
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=optim.lr,
+            betas=(optim.beta1, optim.beta2),
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+        )
+        # The schedule advances once per applied update; its unit in the config is a step.
+        updates = optim.epochs * optim.mini_batches
+        schedule = build_lr_schedule(
+            optimizer,
+            warmup_steps=optim.lr_warmup_steps * updates,
+            total_steps=self.config.total_steps * updates,
+            kind=optim.schedule,
+            min_lr_ratio=optim.min_lr_ratio,
+        )
+        return optimizer, schedule
+
+    def _transfer(self, name: str, place: Place) -> None:
+        """Move a model, and its optimizer state, to the accelerator or the host."""
+        target = self.device if place == "device" else torch.device("cpu")
+        self._models()[name].to(target)
+        optimizer = {"actor": self.actor_optimizer, "critic": self.critic_optimizer}.get(name)
+        if optimizer is not None:
+            for state in optimizer.state.values():
+                for key, value in state.items():
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                        state[key] = value.to(target, non_blocking=True)
+
+    def actor_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The actor's parameters by name (detached, not copied), for an in-process engine
+        weight push (`LocalEngine.update_weights` / `EnginePool.update_weights`)."""
+        return [(n, p.detach()) for n, p in self.actor.named_parameters(remove_duplicate=False)]
+
+    # ---- a step ---------------------------------------------------------------------------
+
+    def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """Train on one batch of trajectories; return the step's metrics."""
+        started = time.perf_counter()
+        batch = PackedBatch.build(samples, self.device)
+        metrics = Metrics()
+        generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step_count)
+        try:
+            if self.config.uses_critic:
+                trained = self._ppo_step(batch, metrics, generator)
+            else:
+                trained = self._group_step(batch, metrics, generator)
+        finally:
+            self.phases.enter(Phase.IDLE)
+        self.step_count += 1
+        elapsed = time.perf_counter() - started
+        tokens = sum(batch.lengths[i] for i in trained)
+        metrics.set("time/step", elapsed)
+        metrics.set("perf/tokens", float(tokens))
+        metrics.set("perf/tokens_per_s", tokens / elapsed)
+        metrics.set("step", float(self.step_count))
+        metrics.set("weight_version/min", float(min(batch.weight_versions)))
+        metrics.set("weight_version/max", float(max(batch.weight_versions)))
+        metrics.mean("reward/mean", float(batch.rewards.mean()), batch.size)
+        return metrics.result()
+
+    @contextlib.contextmanager
+    def _phase(self, phase: Phase, name: str, metrics: Metrics) -> Iterator[None]:
+        started = time.perf_counter()
+        self.phases.enter(phase)
+        yield
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        metrics.set(f"time/{name}", time.perf_counter() - started)
+
+    def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
+        return micro_batches(batch, samples, self.config.token_budget, self.config.batching)
+
+    def _reference_logprobs(
+        self, batch: PackedBatch, mbs: list[MicroBatch], metrics: Metrics
+    ) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with self._phase(Phase.REFERENCE, "reference", metrics):
+            self.phases.require("reference")
+            return all_logprobs(
+                self.reference, mbs, batch.token_ids.numel(), self.config.temperature, self.device
+            )
+
+    def _behaviour_logprobs(
+        self, batch: PackedBatch, mbs: list[MicroBatch], metrics: Metrics
+    ) -> torch.Tensor:
+        with self._phase(Phase.BEHAVIOUR, "behaviour", metrics):
+            self.phases.require("actor")
+            return all_logprobs(
+                self.actor, mbs, batch.token_ids.numel(), self.config.temperature, self.device
+            )
+
+    def _ppo_step(
+        self, batch: PackedBatch, metrics: Metrics, generator: torch.Generator
+    ) -> list[int]:
+        cfg = self.config
+        assert self.critic is not None and self.critic_optimizer is not None
+        samples = list(range(batch.size))
+        mbs = self._mbs(batch, samples)
+        mask, cu = batch.loss_mask, batch.cu_seqlens
+        warmup = self.step_count < cfg.critic_warmup_steps
+        ref = self._reference_logprobs(batch, mbs, metrics)
+        old: torch.Tensor | None = None
+        # One no-grad actor pass, before the critic phase, serves KL-in-reward and the old
+        # log-probs of several actor updates.
+        recompute = cfg.kl_reward_coef > 0 and cfg.kl_behavior_logprobs == "recompute"
+        if not warmup and (recompute or self._actor_updates(len(samples)) > 1):
+            old = self._behaviour_logprobs(batch, mbs, metrics)
+        with self._phase(Phase.CRITIC, "critic", metrics):
+            self.phases.require("critic")
+            values = all_values(self.critic, mbs, batch.token_ids.numel(), self.device)
+            rewards = terminal_rewards(batch.rewards, mask, cu)
+            if cfg.kl_reward_coef > 0:
+                assert ref is not None
+                behaviour = old if old is not None else batch.rollout_logprobs
+                kl = kl_per_token(behaviour, ref, cfg.kl_estimator) * mask
+                metrics.mean(
+                    "kl/ref_mean", float(kl.sum() / mask.sum().clamp_min(1)), float(mask.sum())
+                )
+                rewards = kl_in_reward(rewards, kl, cfg.kl_reward_coef, mask)
+            advantages, returns = gae(values, rewards, mask, cu, cfg.gamma, cfg.lam)
+            ev = explained_variance(values, returns, mask)
+            if ev is not None:
+                metrics.set("critic/explained_variance", ev)
+            for name, x in (("value", values), ("return", returns)):
+                metrics.set(f"critic/{name}_mean", token_stats(x, mask)["mean"])
+            update_critic(
+                self.critic, self.critic_optimizer, self.critic_scheduler, batch, values,
+                returns, cfg, generator, metrics,
+            )  # fmt: skip
+        if warmup:
+            metrics.set("critic/warmup", 1.0)
+            return samples
+        if cfg.whiten_advantages:
+            advantages = whiten(advantages, mask)
+        for key, value in token_stats(advantages, mask).items():
+            metrics.set(f"adv/{key}", value)
+        self._train_actor(batch, samples, mbs, advantages, old, ref, metrics, generator)
+        return samples
+
+    def _group_step(
+        self, batch: PackedBatch, metrics: Metrics, generator: torch.Generator
+    ) -> list[int]:
+        cfg = self.config
+        uniform = uniform_groups(batch.rewards, batch.group_ids)
+        groups = torch.unique(batch.group_ids).numel()
+        uniform_groups_count = torch.unique(batch.group_ids[uniform]).numel()
+        metrics.set("groups/count", float(groups))
+        metrics.set("groups/uniform", float(uniform_groups_count))
+        method = cfg.algorithm
+        assert method != "ppo"  # a group baseline, narrowed for the type checker
+        per_sample = group_advantages(
+            batch.rewards, batch.group_ids, method, std_normalize=cfg.std_normalize
+        )
+        lengths = torch.tensor(batch.lengths, device=self.device)
+        advantages = torch.repeat_interleave(per_sample.float(), lengths) * batch.loss_mask
+        keep = ~uniform if cfg.filter_uniform_groups else torch.ones_like(uniform)
+        samples = [i for i in range(batch.size) if bool(keep[i])]
+        metrics.set("groups/filtered_samples", float(batch.size - len(samples)))
+        if not samples:  # nothing carries signal: no forward, no update, no schedule step
+            metrics.set("actor/updates", 0.0)
+            return samples
+        trained_mask = batch.loss_mask.clone()
+        dropped = [i for i in range(batch.size) if not keep[i]]
+        if dropped:
+            trained_mask[batch.token_index(dropped)] = 0
+        for key, value in token_stats(advantages, trained_mask).items():
+            metrics.set(f"adv/{key}", value)
+        mbs = self._mbs(batch, samples)
+        ref = self._reference_logprobs(batch, mbs, metrics)
+        self._train_actor(batch, samples, mbs, advantages, None, ref, metrics, generator)
+        return samples
+
+    def _actor_updates(self, samples: int) -> int:
+        optim = self.config.actor
+        return optim.epochs * min(optim.mini_batches, samples)
+
+    def _train_actor(
+        self,
+        batch: PackedBatch,
+        samples: list[int],
+        mbs: list[MicroBatch],
+        advantages: torch.Tensor,
+        old: torch.Tensor | None,
+        ref: torch.Tensor | None,
+        metrics: Metrics,
+        generator: torch.Generator,
+    ) -> None:
+        if old is None and self._actor_updates(len(samples)) > 1:
+            old = self._behaviour_logprobs(batch, mbs, metrics)
+        with self._phase(Phase.ACTOR, "actor", metrics):
+            self.phases.require("actor")
+            update_actor(
+                self.actor, self.actor_optimizer, self.actor_scheduler, batch, samples,
+                ActorTargets(advantages, old, ref if self.config.kl_loss_coef > 0 else None),
+                self.config, generator, metrics,
+            )  # fmt: skip
+
+    # ---- checkpoints and export -------------------------------------------------------------
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "step": self.step_count,
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "actor_scheduler": self.actor_scheduler.state_dict(),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "python": random.getstate(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            },
+        }
+        if self.critic_optimizer is not None and self.critic_scheduler is not None:
+            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+            state["critic_scheduler"] = self.critic_scheduler.state_dict()
+        return state
+
+    def _weights(self) -> dict[str, torch.nn.Module]:
+        models: dict[str, torch.nn.Module] = {"actor": self.actor}
+        if self.critic is not None:
+            models["critic"] = self.critic
+        return models
+
+    def save_checkpoint(
+        self, directory: str | Path, loop_state: bytes | dict[str, Any] | None = None
+    ) -> Path:
+        """Save everything a resume needs under `directory/step_<step>` (atomically), keep the
+        newest `keep_last_n`; `loop_state` (bytes, or a JSON-able dict) comes back from
+        `load_checkpoint` as it was given. Returns the checkpoint's path."""
+        self.phases.require_idle("save_checkpoint")
+        return ckpt.write_checkpoint(
+            directory,
+            self.step_count,
+            self.config.model_dump(mode="json"),
+            self._weights(),
+            self._checkpoint_state(),
+            loop_state,
+            self.config.keep_last_n,
+        )
+
+    def load_checkpoint(self, path: str | Path) -> bytes | dict[str, Any] | None:
+        """Restore a checkpoint: `path` is one (`.../step_00000042`) or a directory of them
+        (the newest is taken). Returns the loop state it was saved with."""
+        self.phases.require_idle("load_checkpoint")
+        root = Path(path)
+        if not root.exists():
+            raise ckpt.CheckpointError(f"{root} does not exist")
+        if not root.name.startswith(ckpt.PREFIX):  # a directory of checkpoints
+            latest = ckpt.latest_checkpoint(root)
+            if latest is None:
+                raise ckpt.CheckpointError(f"{root}: holds no complete checkpoint")
+            root = latest
+        step, state, loop_state = ckpt.read_checkpoint(
+            root, self.config.model_dump(mode="json"), self._weights(), RESUME_SAFE_FIELDS
+        )
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.actor_scheduler.load_state_dict(state["actor_scheduler"])
+        if self.critic_optimizer is not None and self.critic_scheduler is not None:
+            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.step_count = step
+        return loop_state
+
+    def export(self, path: str | Path) -> Path:
+        """Write the actor as a Hugging Face directory (safetensors, config, tokenizer) that
+        engines load, and the critic under `critic/`; atomically replaces `path`."""
+        self.phases.require_idle("export")
+        return ckpt.export_hf(Path(path), self.actor, self.tokenizer, self.critic)
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The newest complete checkpoint under `directory`, or None."""
+    return ckpt.latest_checkpoint(directory)

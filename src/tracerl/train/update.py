@@ -1,0 +1,259 @@
+"""Gradient updates of the actor and the critic over a step's batch, and their metrics.
+
+One update = one mini-batch: its micro-batches' losses are divided by one denominator for the
+whole mini-batch on every rank (`tracerl.algo.distributed`), their gradients accumulate, then
+`optimizer_step` clips and steps (or skips an unusable gradient, schedule included). So the
+update does not depend on how the mini-batch is cut into micro-batches. Epochs reshuffle the
+trained samples with a generator seeded by (seed, step), which a resumed run reproduces.
+
+The losses are `tracerl.algo.losses`, evaluated on action tokens only: each micro-batch's
+tensors are `[k]` over its actions, so masked tokens never enter a loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tracerl.algo.distributed import all_reduce_sum, global_token_count
+from tracerl.algo.losses import kl_penalty, kl_per_token, policy_loss, value_loss
+from tracerl.config.train import TrainerConfig
+from tracerl.train.batch import MicroBatch, PackedBatch, micro_batches
+from tracerl.train.forward import action_logprobs, action_values
+from tracerl.train.schedule import optimizer_step
+
+
+@dataclass
+class Metrics:
+    """Metric sums of one step that reduce over every rank.
+
+    `mean(name, value, weight)`: a weighted mean (token-weighted fractions, per-token means).
+    `add(name, value)`: a rank's share of a per-update total (a loss divided by the global
+    denominator); summed over ranks and micro-batches, averaged over the updates of the name's
+    model (`count_update`, the prefix before "/").
+    `set(name, value)`: a value that is the same on every rank (a rate, a time, a count).
+    """
+
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=dict)
+    updates: dict[str, int] = field(default_factory=dict)
+    fixed: dict[str, float] = field(default_factory=dict)
+
+    def mean(self, name: str, value: float, weight: float) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def add(self, name: str, value: float) -> None:
+        self.totals[name] = self.totals.get(name, 0.0) + value
+
+    def count_update(self, model: str) -> None:
+        self.updates[model] = self.updates.get(model, 0) + 1
+
+    def set(self, name: str, value: float) -> None:
+        self.fixed[name] = value
+
+    def result(self, process_group: Any = None) -> dict[str, float]:
+        means, totals = sorted(self.sums), sorted(self.totals)
+        packed = torch.tensor(
+            [self.sums[k] for k in means]
+            + [self.weights[k] for k in means]
+            + [self.totals[k] for k in totals],
+            dtype=torch.float64,
+        )
+        reduced = all_reduce_sum(packed, process_group).tolist() if packed.numel() else []
+        out = dict(self.fixed)
+        n = len(means)
+        for i, k in enumerate(means):
+            out[k] = reduced[i] / reduced[n + i] if reduced[n + i] > 0 else 0.0
+        for i, k in enumerate(totals):
+            out[k] = reduced[2 * n + i] / max(1, self.updates.get(k.split("/")[0], 1))
+        return out
+
+
+def token_stats(x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean, std, min and max of `x` over `mask`ed tokens of every rank."""
+    m = mask.bool()
+    v = x.detach()[m].double()
+    sums = all_reduce_sum(
+        torch.stack([torch.tensor(float(v.numel()), dtype=torch.float64), v.sum(), (v * v).sum()])
+    ).tolist()
+    n = max(sums[0], 1.0)
+    mean = sums[1] / n
+    inf = torch.tensor(float("inf"), dtype=torch.float64)
+    extremes = torch.stack([v.max() if v.numel() else -inf, -v.min() if v.numel() else -inf])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    return {
+        "mean": mean,
+        "std": max(sums[2] / n - mean * mean, 0.0) ** 0.5,
+        "max": float(extremes[0]),
+        "min": -float(extremes[1]),
+    }
+
+
+@dataclass
+class ActorTargets:
+    """What the actor update trains toward, over the step's packed layout."""
+
+    advantages: torch.Tensor  # [N]
+    old_logprobs: torch.Tensor | None  # [N]; None: the update's own first forward (one update)
+    ref_logprobs: torch.Tensor | None  # [N] when a KL loss is configured
+
+
+def shuffled_parts(
+    samples: Sequence[int], parts: int, epochs: int, generator: torch.Generator
+) -> list[list[int]]:
+    """`epochs` passes over `samples`, each shuffled (when there is more than one update) and
+    cut into `min(parts, len(samples))` mini-batches."""
+    parts = min(parts, len(samples))
+    out: list[list[int]] = []
+    for _ in range(epochs):
+        order = list(samples)
+        if parts > 1 or epochs > 1:
+            perm = torch.randperm(len(order), generator=generator).tolist()
+            order = [order[i] for i in perm]
+        out += [chunk.tolist() for chunk in torch.tensor(order).tensor_split(parts)]
+    return out
+
+
+def denominator(batch: PackedBatch, part: Sequence[int], agg: str) -> torch.Tensor:
+    """The one denominator of an update: action tokens (token_mean) or trajectories, all ranks."""
+    if agg == "token_mean":
+        return global_token_count(batch.loss_mask[batch.token_index(part)])
+    count = torch.tensor(float(len(part)), dtype=torch.float64)
+    return all_reduce_sum(count).clamp_min(1.0)
+
+
+def _update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batch: PackedBatch,
+    parts: list[list[int]],
+    config: TrainerConfig,
+    agg: str,
+    backward: Callable[[MicroBatch, torch.Tensor, int], None],
+    prefix: str,
+    metrics: Metrics,
+) -> None:
+    optim = config.actor if prefix == "actor" else config.critic
+    params = [p for p in model.parameters() if p.requires_grad]
+    skipped, norms = 0, []
+    for index, part in enumerate(parts):
+        denom = denominator(batch, part, agg)
+        for mb in micro_batches(batch, part, config.token_budget, config.batching):
+            backward(mb, denom, index)
+        result = optimizer_step(
+            optimizer,
+            scheduler,
+            optim.max_grad_norm,
+            skip_grad_norm=optim.skip_grad_norm,
+            parameters=params,
+        )
+        metrics.count_update(prefix)
+        skipped += 0 if result["applied"] else 1
+        norms.append(float(result["grad_norm"]))
+    # The norm is global already (clipping reduces it over ranks); the mean over updates, and
+    # the largest, which shows a skipped update's non-finite or oversized gradient.
+    metrics.set(f"{prefix}/grad_norm", sum(norms) / len(norms))
+    metrics.set(f"{prefix}/grad_norm_max", max(norms))
+    metrics.set(f"{prefix}/updates", float(len(parts)))
+    metrics.set(f"{prefix}/skipped_updates", float(skipped))
+    metrics.set(f"{prefix}/lr", optimizer.param_groups[0]["lr"])
+
+
+def update_actor(
+    actor: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batch: PackedBatch,
+    samples: Sequence[int],
+    targets: ActorTargets,
+    config: TrainerConfig,
+    generator: torch.Generator,
+    metrics: Metrics,
+) -> None:
+    """PPO-clip updates of the actor (with TIS against the rollout log-probs, and the KL loss
+    when configured) over `samples` of `batch`."""
+    parts = shuffled_parts(samples, config.actor.mini_batches, config.actor.epochs, generator)
+    if targets.old_logprobs is None and len(parts) > 1:
+        raise ValueError("old_logprobs: required when the actor makes more than one update")
+    first_pass = len(parts) // config.actor.epochs
+
+    def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
+        lp, entropy = action_logprobs(actor, mb, config.temperature, with_entropy=True)
+        old = lp.detach() if targets.old_logprobs is None else targets.old_logprobs[mb.actions]
+        rollout = batch.rollout_logprobs[mb.actions]
+        ones = torch.ones_like(lp)
+        loss, m = policy_loss(
+            lp, old, targets.advantages[mb.actions], ones,
+            clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip,
+            agg=config.loss_agg, cu_seqlens=mb.cu_seqlens, rollout_logprobs=rollout,
+            tis_cap=config.tis_cap, denominator=denom,
+        )  # fmt: skip
+        metrics.add("actor/policy_loss", float(loss.detach()))
+        if targets.ref_logprobs is not None:
+            ref = targets.ref_logprobs[mb.actions]
+            if config.kl_loss_coef > 0:
+                kl_loss = kl_penalty(
+                    lp, ref, ones, estimator=config.kl_estimator, coef=config.kl_loss_coef,
+                    agg=config.loss_agg, cu_seqlens=mb.cu_seqlens, denominator=denom,
+                )  # fmt: skip
+                metrics.add("actor/kl_loss", float(kl_loss.detach()))
+                loss = loss + kl_loss
+            kl = kl_per_token(lp.detach(), ref, config.kl_estimator)
+            metrics.mean("kl/ref_mean", float(kl.mean()) if kl.numel() else 0.0, kl.numel())
+        loss.backward()
+        k = lp.numel()
+        for name in ("clip_frac", "dual_clip_frac", "approx_kl", "ratio_mean"):
+            metrics.mean(f"actor/{name}", m[name], k)
+        for name in ("is_weight_mean", "tis_clip_frac"):
+            if name in m:
+                metrics.mean(f"actor/{name}", m[name], k)
+        if entropy is not None and k:
+            metrics.mean("actor/entropy", float(entropy.mean()), k)
+        if index < first_pass and k:  # the policy before this step's updates
+            diff = old - rollout
+            metrics.mean("mismatch/logprob_abs_diff", float(diff.abs().mean()), k)
+            metrics.mean("mismatch/kl", float(kl_per_token(rollout, old, "k3").mean()), k)
+
+    _update(
+        actor, optimizer, scheduler, batch, parts, config, config.loss_agg, backward,
+        "actor", metrics,
+    )  # fmt: skip
+
+
+def update_critic(
+    critic: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batch: PackedBatch,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    config: TrainerConfig,
+    generator: torch.Generator,
+    metrics: Metrics,
+) -> None:
+    """Clipped value-loss updates of the critic toward `returns` `[N]` over the whole batch."""
+    samples = list(range(batch.size))
+    parts = shuffled_parts(samples, config.critic.mini_batches, config.critic.epochs, generator)
+
+    def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
+        values = action_values(critic, mb)
+        loss, m = value_loss(
+            values, old_values[mb.actions], returns[mb.actions], torch.ones_like(values),
+            clip=config.value_clip, denominator=denom,
+        )  # fmt: skip
+        loss.backward()
+        metrics.add("critic/value_loss", float(loss.detach()))
+        metrics.mean("critic/value_clip_frac", m["value_clip_frac"], values.numel())
+
+    _update(
+        critic, optimizer, scheduler, batch, parts, config, "token_mean", backward,
+        "critic", metrics,
+    )  # fmt: skip

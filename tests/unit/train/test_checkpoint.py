@@ -1,0 +1,148 @@
+import copy
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tracerl.engine.weights import copy_weights, read_weights_dir
+from tracerl.train.checkpoint import CheckpointError, list_checkpoints
+from tracerl.train.models import load_value_model
+from tracerl.train.trainer import Trainer, latest_checkpoint
+
+from .conftest import make_samples
+
+MakeTrainer = Callable[..., Trainer]
+WATCHED = ("actor/lr", "critic/lr", "actor/policy_loss", "critic/value_loss", "actor/kl_loss")
+
+RESUMABLE: dict[str, dict[str, Any]] = {
+    "ppo": {
+        "algorithm": "ppo",
+        "actor": {"mini_batches": 2, "schedule": "linear", "lr_warmup_steps": 2},
+        "critic": {"epochs": 2, "schedule": "cosine", "lr_warmup_steps": 1},
+        "critic_warmup_steps": 1,
+        "kl_reward_coef": 0.05,
+        "total_steps": 6,
+    },
+    "grpo": {
+        "algorithm": "grpo",
+        "actor": {"epochs": 2, "schedule": "cosine", "lr_warmup_steps": 1},
+        "kl_loss_coef": 0.05,
+        "total_steps": 6,
+    },
+}
+
+
+def watched(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: metrics[k] for k in WATCHED if k in metrics}
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_resume_reproduces_an_uninterrupted_run(
+    make_trainer: MakeTrainer, tmp_path: Path, algorithm: str
+) -> None:
+    overrides = RESUMABLE[algorithm]
+    steps, stop = 5, 2
+    batches = [make_samples(10 + s, count=4) for s in range(steps)]
+    straight = make_trainer(**overrides)
+    expected = [watched(straight.step(b)) for b in batches]
+    assert len({m["actor/lr"] for m in expected if "actor/lr" in m}) > 2  # the rate moves
+
+    first = make_trainer(**overrides)
+    got = [watched(first.step(b)) for b in batches[:stop]]
+    path = first.save_checkpoint(tmp_path / "checkpoints", loop_state={"data_position": stop})
+    assert path.name == "step_00000002"
+    resumed = make_trainer(**overrides)
+    assert resumed.load_checkpoint(tmp_path / "checkpoints") == {"data_position": stop}
+    assert resumed.step_count == stop
+    got += [watched(resumed.step(b)) for b in batches[stop:]]
+    assert got == expected  # the same floats, bit for bit
+    for name, tensor in straight.actor.state_dict().items():
+        assert torch.equal(tensor, resumed.actor.state_dict()[name]), name
+
+
+def test_a_torn_or_corrupt_checkpoint_fails_before_loading_anything(
+    make_trainer: MakeTrainer, tmp_path: Path
+) -> None:
+    saver = make_trainer(algorithm="ppo")
+    saver.step(make_samples(0, count=4))
+    root = tmp_path / "checkpoints"
+    good = saver.save_checkpoint(root, loop_state=b"\x00opaque")
+    fresh = make_trainer(algorithm="ppo")
+    before = {k: v.clone() for k, v in fresh.actor.state_dict().items()}
+
+    torn = root / "step_00000007"
+    torn.mkdir()
+    (torn / "actor.safetensors").write_bytes(b"half")  # a write that never got its manifest
+    (root / ".tmp-step_00000008-x").mkdir()  # a crashed write's temp dir
+    assert latest_checkpoint(root) == good
+    with pytest.raises(CheckpointError, match="no manifest.json"):
+        fresh.load_checkpoint(torn)
+
+    data = (good / "critic.safetensors").read_bytes()
+    (good / "critic.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="critic.safetensors does not match its manifest"):
+        fresh.load_checkpoint(root)
+    (good / "critic.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="critic.safetensors is missing"):
+        fresh.load_checkpoint(good)
+    assert fresh.step_count == 0
+    for name, tensor in fresh.actor.state_dict().items():
+        assert torch.equal(tensor, before[name]), name  # nothing was loaded
+    with pytest.raises(CheckpointError, match="empty does not exist"):
+        fresh.load_checkpoint(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="empty: holds no complete checkpoint"):
+        fresh.load_checkpoint(tmp_path / "empty")
+
+
+def test_a_checkpoint_from_another_config_is_refused(
+    make_trainer: MakeTrainer, tmp_path: Path
+) -> None:
+    path = make_trainer(algorithm="grpo").save_checkpoint(tmp_path, loop_state=b"x")
+    with pytest.raises(CheckpointError, match=r"actor.lr: 0.001 in the checkpoint, 0.002 now"):
+        make_trainer(algorithm="grpo", actor={"lr": 2e-3}).load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="algorithm: 'grpo' in the checkpoint, 'rloo' now"):
+        make_trainer(algorithm="rloo").load_checkpoint(path)
+    # what does not change the numbers may differ
+    assert make_trainer(algorithm="grpo", keep_last_n=5).load_checkpoint(path) == b"x"
+
+
+def test_only_the_last_n_checkpoints_are_kept(make_trainer: MakeTrainer, tmp_path: Path) -> None:
+    trainer = make_trainer(algorithm="grpo", keep_last_n=2)
+    samples = make_samples(0, count=4)
+    for _ in range(3):
+        trainer.step(samples)
+        trainer.save_checkpoint(tmp_path)
+    trainer.save_checkpoint(tmp_path, loop_state=b"again")  # the same step saved twice
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000003"]
+    assert make_trainer(algorithm="grpo").load_checkpoint(tmp_path) == b"again"
+
+
+def test_export_is_a_model_directory_engines_load(
+    make_trainer: MakeTrainer, tmp_path: Path, tiny: tuple[Any, Any]
+) -> None:
+    trainer = make_trainer(algorithm="ppo")
+    trainer.step(make_samples(0, count=4))
+    out = trainer.export(tmp_path / "export")
+    assert (out / "tokenizer.json").is_file() and (out / "config.json").is_file()
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    for name, tensor in trainer.actor.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+    critic = load_value_model(str(out / "critic"), require_head=True)
+    assert trainer.critic is not None
+    for name, tensor in trainer.critic.state_dict().items():
+        assert torch.equal(critic.state_dict()[name], tensor), name
+    # the engine's loaders: from disk, and in process
+    engine_model = copy.deepcopy(tiny[0])
+    copy_weights(engine_model, read_weights_dir(out))
+    pushed = copy.deepcopy(tiny[0])
+    copy_weights(pushed, dict(trainer.actor_named_tensors()))
+    for name, tensor in trainer.actor.state_dict().items():
+        assert torch.equal(engine_model.state_dict()[name], tensor), name
+        assert torch.equal(pushed.state_dict()[name], tensor), name
+    trainer.export(out)  # replacing an export in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]

@@ -1,0 +1,203 @@
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import reference_logprobs
+from tracerl.train.batch import TrainSample
+from tracerl.train.trainer import Trainer
+
+from .conftest import ACTION_MIN_ID, make_samples
+
+MakeTrainer = Callable[..., Trainer]
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def changed(model: torch.nn.Module, before: dict[str, torch.Tensor]) -> set[str]:
+    return {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+
+
+def count_forwards(model: torch.nn.Module) -> list[int]:
+    calls = [0]
+    model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+def test_a_ppo_step_trains_actor_and_critic(make_trainer: MakeTrainer) -> None:
+    trainer = make_trainer(algorithm="ppo", actor={"mini_batches": 2}, critic={"epochs": 2})
+    assert trainer.critic is not None
+    actor_before, critic_before = snapshot(trainer.actor), snapshot(trainer.critic)
+    metrics = trainer.step(make_samples(0, count=6))
+    for key in (
+        "actor/policy_loss", "critic/value_loss", "actor/clip_frac", "critic/value_clip_frac",
+        "actor/approx_kl", "actor/entropy", "critic/explained_variance", "critic/value_mean",
+        "critic/return_mean", "adv/mean", "adv/std", "adv/min", "adv/max", "actor/grad_norm",
+        "critic/grad_norm", "actor/skipped_updates", "actor/lr", "critic/lr",
+        "perf/tokens_per_s", "time/critic", "time/actor", "time/behaviour",
+        "mismatch/logprob_abs_diff", "mismatch/kl",
+    ):  # fmt: skip
+        assert math.isfinite(metrics[key]), key
+    assert metrics["actor/updates"] == 2 and metrics["critic/updates"] == 2
+    assert metrics["actor/skipped_updates"] == 0 and metrics["critic/skipped_updates"] == 0
+    assert metrics["adv/mean"] == pytest.approx(0.0, abs=1e-6)  # whitened
+    assert metrics["adv/std"] == pytest.approx(1.0, rel=0.1)
+    assert changed(trainer.actor, actor_before) == set(actor_before)  # every tensor moved
+    assert changed(trainer.critic, critic_before) == set(critic_before)
+    assert trainer.step_count == 1 and trainer.actor_scheduler.last_epoch == 2
+    assert trainer.phases.phase.name == "IDLE"
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "rloo"])
+def test_a_group_baseline_step_trains_the_actor_with_a_kl_loss(
+    make_trainer: MakeTrainer, algorithm: str
+) -> None:
+    trainer = make_trainer(algorithm=algorithm, kl_loss_coef=0.05)
+    assert trainer.critic is None and trainer.reference is not None
+    before = snapshot(trainer.actor)
+    samples = make_samples(0, count=6)
+    first = trainer.step(samples)
+    assert math.isfinite(first["actor/policy_loss"]) and math.isfinite(first["actor/kl_loss"])
+    assert first["kl/ref_mean"] == 0.0  # the actor is still the reference: bit for bit
+    assert changed(trainer.actor, before) == set(before)
+    assert first["groups/count"] == 3 and first["groups/uniform"] == 0
+    second = trainer.step(samples)
+    assert second["kl/ref_mean"] > 0 and second["actor/kl_loss"] > 0
+    assert "critic/value_loss" not in second
+
+
+def record_training_forwards(
+    model: torch.nn.Module, last_norm: torch.nn.Module
+) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+    """(input ids, [gradient at the last hidden state]) of every forward that builds a graph."""
+    seen: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+    pending: list[torch.Tensor] = []
+
+    def keep_input(module: Any, args: Any, kwargs: Any) -> None:
+        pending[:] = [kwargs["input_ids"] if "input_ids" in kwargs else args[0]]
+
+    def keep_grad(module: Any, args: Any, output: torch.Tensor) -> None:
+        if output.requires_grad:
+            grads: list[torch.Tensor] = []
+            output.register_hook(lambda g: grads.append(g.detach()))
+            seen.append((pending[0], grads))
+
+    model.register_forward_pre_hook(keep_input, with_kwargs=True)
+    last_norm.register_forward_hook(keep_grad)
+    return seen
+
+
+@pytest.mark.parametrize("batching", ["pack", "pad"])
+def test_masked_tokens_get_zero_gradient(make_trainer: MakeTrainer, batching: str) -> None:
+    """The gradient reaching the last hidden state at position t is zero unless token t + 1 is
+    an action, for the actor and the critic (an off-by-one or a leaked mask would show)."""
+    trainer = make_trainer(algorithm="ppo", batching=batching, token_budget=40)
+    assert trainer.critic is not None
+    actor = record_training_forwards(trainer.actor, trainer.actor.model.norm)
+    critic = record_training_forwards(trainer.critic, trainer.critic.model.norm)
+    trainer.step(make_samples(5, count=6))
+    assert len(actor) >= 2 and len(critic) >= 2  # several micro-batches each
+    for ids, grads in actor + critic:
+        (grad,) = grads
+        next_is_action = torch.zeros_like(ids, dtype=torch.bool)
+        next_is_action[:, :-1] = ids[:, 1:] >= ACTION_MIN_ID
+        per_position = grad.abs().sum(-1)  # [R, L]
+        assert bool((per_position[~next_is_action] == 0).all())
+        assert bool((per_position[next_is_action] > 0).all())
+
+
+def test_critic_warmup_leaves_the_actor_bit_identical(make_trainer: MakeTrainer) -> None:
+    # with KL-in-reward recomputing behaviour log-probs: a warmup step must not run the actor,
+    # and the second warmup step must not trip over the first one's phase (the seed's crash)
+    trainer = make_trainer(algorithm="ppo", critic_warmup_steps=2, kl_reward_coef=0.1)
+    assert trainer.critic is not None
+    actor_forwards = count_forwards(trainer.actor)
+    actor_before, critic_before = snapshot(trainer.actor), snapshot(trainer.critic)
+    samples = make_samples(1, count=4)
+    for _ in range(2):
+        metrics = trainer.step(samples)
+        assert metrics["critic/warmup"] == 1.0 and "actor/policy_loss" not in metrics
+    assert actor_forwards[0] == 0
+    assert changed(trainer.actor, actor_before) == set()
+    assert trainer.actor_optimizer.state_dict()["state"] == {}
+    assert trainer.actor_scheduler.last_epoch == 0
+    assert changed(trainer.critic, critic_before) == set(critic_before)
+    metrics = trainer.step(samples)
+    assert "critic/warmup" not in metrics and actor_forwards[0] > 0
+    assert changed(trainer.actor, actor_before) == set(actor_before)
+    assert trainer.actor_scheduler.last_epoch == 1
+
+
+def test_uniform_groups_are_filtered_and_counted(make_trainer: MakeTrainer) -> None:
+    trainer = make_trainer(algorithm="grpo")
+    tokens: list[int] = []
+    trainer.actor.register_forward_pre_hook(
+        lambda m, a, kw: tokens.append(kw["input_ids"].numel()), with_kwargs=True
+    )
+    base = make_samples(3, count=6)  # groups 0, 1, 2 of two samples each
+    rewards = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]  # groups 0 and 2 are uniform
+    samples = [
+        TrainSample(s.token_ids, s.loss_mask, s.logprobs, r, s.group_id)
+        for s, r in zip(base, rewards, strict=True)
+    ]
+    metrics = trainer.step(samples)
+    assert metrics["groups/uniform"] == 2 and metrics["groups/filtered_samples"] == 4
+    assert sum(tokens) == len(samples[2].token_ids) + len(samples[3].token_ids)
+    # every group uniform: no forward, no update, no schedule step
+    tokens.clear()
+    before = snapshot(trainer.actor)
+    flat = [TrainSample(s.token_ids, s.loss_mask, s.logprobs, 1.0, s.group_id) for s in base]
+    metrics = trainer.step(flat)
+    assert metrics["actor/updates"] == 0 and metrics["groups/uniform"] == 3
+    assert tokens == [] and changed(trainer.actor, before) == set()
+    assert trainer.actor_scheduler.last_epoch == 1 and trainer.step_count == 2
+
+
+def test_kl_in_reward_shapes_the_value_targets_and_kl_loss_does_not(
+    make_trainer: MakeTrainer, tiny: tuple[Any, Any]
+) -> None:
+    """gamma = lam = 1: the return at action i of n is the score minus beta * KL summed over
+    actions i..n-1. With rollout log-probs = reference + 0.5 and the k1 estimator, each
+    action's KL is 0.5, so beta = 0.2 shifts that return by -0.1 * (n - i)."""
+    model, _ = tiny
+    temperature, beta = 0.7, 0.2
+    shapes = [(4, 4), (3, 2), (6, 5)]
+    samples = []
+    for i, (p, c) in enumerate(shapes):
+        prompt, completion = list(range(20 + i, 20 + i + p)), list(range(3000 + i, 3000 + i + c))
+        lp = (reference_logprobs(model, prompt, completion, temperature) + 0.5).tolist()
+        samples.append(
+            TrainSample(prompt + completion, [0] * p + [1] * c, [0.0] * p + lp, 1.0 + i, i)
+        )
+    common: dict[str, Any] = {
+        "algorithm": "ppo", "gamma": 1.0, "lam": 1.0, "temperature": temperature,
+        "kl_estimator": "k1", "kl_behavior_logprobs": "rollout", "critic_warmup_steps": 1,
+    }  # fmt: skip
+    shaped = make_trainer(kl_reward_coef=beta, **common).step(samples)
+    returns = [1.0 + i - beta * 0.5 * (c - j) for i, (_, c) in enumerate(shapes) for j in range(c)]
+    assert shaped["critic/return_mean"] == pytest.approx(sum(returns) / len(returns), rel=1e-5)
+    assert shaped["kl/ref_mean"] == pytest.approx(0.5, rel=1e-4)
+    plain = make_trainer(kl_loss_coef=beta, **common).step(samples)
+    scores = [1.0 + i for i, (_, c) in enumerate(shapes) for _ in range(c)]
+    assert plain["critic/return_mean"] == pytest.approx(sum(scores) / len(scores), rel=1e-6)
+
+
+def test_rollout_logprobs_from_the_same_policy_show_no_mismatch(
+    make_trainer: MakeTrainer, tiny: tuple[Any, Any]
+) -> None:
+    model, _ = tiny
+    samples = []
+    for i, (p, c) in enumerate([(3, 5), (6, 2), (2, 7)]):
+        prompt, completion = list(range(40 + i, 40 + i + p)), list(range(5000 + i, 5000 + i + c))
+        lp = reference_logprobs(model, prompt, completion, 0.8).tolist()
+        samples.append(
+            TrainSample(prompt + completion, [0] * p + [1] * c, [0.0] * p + lp, float(i), 0)
+        )
+    metrics = make_trainer(algorithm="grpo", temperature=0.8).step(samples)
+    assert metrics["mismatch/logprob_abs_diff"] < 1e-5
+    assert metrics["actor/is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert metrics["actor/ratio_mean"] == 1.0  # one update: old log-probs are its own forward
