@@ -21,14 +21,23 @@ row), SOFT (KV usage at or above KV_USAGE_SOFT), or CLEAR.
   when overload repeats within GRACE_POLLS polls of the last cut's drain), never above the
   current cap, kappa is re-derived from it, and the excess in flight is reported for shedding.
 - After a cut a drain latch holds (no growth, no further cuts on stale churn) until in-flight is
-  under the cap and a poll shows the engines settled.
-- Growth happens on episode completions, only when the cap was binding (in-flight, counting the
-  completing episode, at the cap), the last poll was CLEAR and fresh (younger than
-  GROWTH_GATE_S: if metrics stop arriving, growth stops), the episode used the engines (a failed
-  episode with no tokens is no evidence), and by at most GROWTH_SLEW of the cap per completion.
-  The feedforward with a grown kappa is the target: growth stops where the token budget says
-  the engines are full, and kappa then follows the cap it produced. The cap only falls through
-  cuts (the feedforward never lowers it by itself: measured overload decides that).
+  under the cap and a poll shows the engines settled. If the engines stay overloaded for
+  DRAIN_STALE_POLLS polls with in-flight already under the cap, the cut was not enough: the
+  latch releases into an escalated cut (a latch that waits for calm forever would pin an
+  overloaded cap).
+- Growth is re-evaluated once per REEVAL_TURNOVER of the pool (that share of the cap in
+  completed episodes: fast at small caps, paced by the work itself at large ones). It happens
+  only when the cap was binding during that turnover (in-flight, counting the completing
+  episode, at the cap: completions in one burst see the pool already emptied), the last poll
+  was CLEAR and fresh (younger than GROWTH_GATE_S: if metrics stop arriving, growth stops), and
+  by at most GROWTH_SLEW of the cap. Failed episodes with no tokens used no engine capacity:
+  they neither count toward the turnover nor make the cap binding.
+  The feedforward with a grown kappa is the target, bounded by the measured token budget (the
+  cap scaled by KV_USAGE_SOFT over the measured KV usage): growth approaches the band where the
+  engines are full geometrically instead of overshooting into preemption between two polls, and
+  kappa then follows the cap it produced. A growth clears escalation: an overload after a
+  deliberate raise is a fresh probe, not the same overload surviving a cut. The cap only falls
+  through cuts (the feedforward never lowers it by itself: measured overload decides that).
 """
 
 from __future__ import annotations
@@ -49,17 +58,24 @@ BACKOFF_FACTOR = 0.8
 ESCALATED_BACKOFF_FACTOR = 0.5
 # Polls without overload after a drain before the next cut is a fresh (unescalated) one.
 GRACE_POLLS = 6
+# HARD polls with in-flight already under the cap after which the overload is not the engines'
+# backlog clearing but the cut being too small: the latch releases and the next cut escalates.
+DRAIN_STALE_POLLS = 3
 # Capacity-queued requests above this share of running ones count as queueing overload...
 QUEUE_RATIO = 0.1
 # ...only when it persists this many polls (turn-completion bursts queue briefly by nature).
 QUEUE_PERSISTENCE_POLLS = 3
 # KV usage at which growth stops: near full, the next admissions would start preempting.
-KV_USAGE_SOFT = 0.9
+KV_USAGE_SOFT = 0.95
 # kappa grows by this factor per binding, clear completion; the slew limit below usually binds
 # first, so the feedforward matters when the expected episode cost moves.
 KAPPA_GROWTH = 1.25
-# Largest cap increase per re-evaluation, as a share of the cap (at least one episode).
-GROWTH_SLEW = 0.1
+# Largest cap increase per re-evaluation, as a share of the cap (at least one episode): 1.25x
+# per turnover turns a raise-invites-raise spiral into a ramp the next cut interrupts.
+GROWTH_SLEW = 0.25
+# Growth is re-evaluated after this share of the cap has completed: completions within one
+# turnover are one observation of the same pool, not independent evidence.
+REEVAL_TURNOVER = 0.25
 # A CLEAR poll older than this no longer licenses growth (metrics stalled: do not grow blind).
 GROWTH_GATE_S = 15.0
 # Episodes of history in the cost EWMA: long enough to be stable, short enough to follow drift.
@@ -110,6 +126,7 @@ class ControllerState:
     polls_since_drain: int = 0
     queue_polls: int = 0
     last_signal: Signal = "CLEAR"
+    kv_usage: float = 0.0
     last_poll_at: float | None = None
     capacity: int = 0
     max_model_len: int = 0
@@ -117,6 +134,9 @@ class ControllerState:
     costs: dict[tuple[str, str], CostEstimate] = field(default_factory=dict)
     cuts: int = 0
     growths: int = 0
+    turnover: int = 0
+    bound: bool = False
+    hard_under_cap: int = 0
 
 
 class ConcurrencyController:
@@ -124,13 +144,13 @@ class ConcurrencyController:
         self,
         config: ConcurrencyConfig,
         set_limit: Callable[[int], None],
-        on_overload: Callable[[int], None] | None = None,
+        on_overload: Callable[[int], object] | None = None,
         get_inflight: Callable[[], int] = lambda: 0,
         get_eval_share: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.config = config
         self.set_limit = set_limit
-        self.on_overload = on_overload or (lambda excess: None)
+        self.on_overload: Callable[[int], object] = on_overload or (lambda excess: None)
         self.get_inflight = get_inflight
         self.get_eval_share = get_eval_share
         self.state = ControllerState()
@@ -156,12 +176,19 @@ class ConcurrencyController:
             self._apply(max(1, s.capacity // max(1, s.max_model_len)))
         signal = self._classify(decode)
         s.last_signal, s.last_poll_at = signal, now
+        s.kv_usage = max(x.kv_usage for x in decode)
         inflight = self.get_inflight()
         if s.draining:
-            if inflight <= (s.cap or 0) and signal != "HARD":
-                s.draining = False  # the engines have settled
-                s.polls_since_drain = 0
-            return signal
+            if inflight > (s.cap or 0):
+                s.hard_under_cap = 0
+                return signal  # the excess is still draining: overload now is stale churn
+            if signal != "HARD":
+                s.draining, s.polls_since_drain, s.hard_under_cap = False, 0, 0  # settled
+                return signal
+            s.hard_under_cap += 1
+            if s.hard_under_cap < DRAIN_STALE_POLLS:
+                return signal  # the engines' own backlog may still be clearing
+            s.draining, s.hard_under_cap = False, 0  # overload survived the drain: cut again
         if signal == "HARD":
             self._cut(inflight)
         else:
@@ -179,9 +206,13 @@ class ConcurrencyController:
             s.costs.setdefault((env, kind), CostEstimate()).add(float(tokens))
         if tokens <= 0 or self._frozen() or s.draining or s.cap is None:
             return  # a failed episode used no engine capacity: it says nothing about load
-        binding = self.get_inflight() + 1 >= s.cap
+        s.bound = s.bound or self.get_inflight() + 1 >= s.cap
+        s.turnover += 1
+        if s.turnover < max(1, math.ceil(REEVAL_TURNOVER * s.cap)):
+            return
+        bound, s.turnover, s.bound = s.bound, 0, False
         fresh = s.last_poll_at is not None and now - s.last_poll_at <= GROWTH_GATE_S
-        if binding and fresh and s.last_signal == "CLEAR":
+        if bound and fresh and s.last_signal == "CLEAR":
             self._grow()
 
     def on_step(self, step: int, now: float) -> None:
@@ -220,6 +251,7 @@ class ConcurrencyController:
         self._apply(target)  # a cut never raises the cap
         s.cuts += 1
         s.draining, s.escalate, s.queue_polls = True, True, 0
+        s.turnover, s.bound = 0, False  # evidence from before the cut is stale
         cost = self.expected_cost()
         if cost and s.capacity and s.cap is not None:
             s.kappa = _clamp_kappa(s.cap * cost / s.capacity)
@@ -230,20 +262,23 @@ class ConcurrencyController:
         s = self.state
         assert s.cap is not None
         cost = self.expected_cost()
-        if s.kappa is None:
-            if not (cost and s.capacity):
-                return
-            s.kappa = _clamp_kappa(s.cap * cost / s.capacity)
-        grown = _clamp_kappa(s.kappa * KAPPA_GROWTH)
         if not (cost and s.capacity):
             return
+        # The engines were clear with the cap binding: whatever the cost estimate did since the
+        # last re-evaluation, the over-commit factor is at least the one the current cap implies.
+        s.kappa = _clamp_kappa(max(s.kappa or 0.0, s.cap * cost / s.capacity))
+        grown = _clamp_kappa(s.kappa * KAPPA_GROWTH)
         target = self._clamp(math.ceil(grown * s.capacity / cost))  # ceil: alive at cap 1
+        if s.kv_usage > 0:
+            # the measured token budget: the cap scaled to fill the engines to the SOFT band
+            target = min(target, math.ceil(s.cap * KV_USAGE_SOFT / s.kv_usage))
         if target <= s.cap:
             return
         step = max(1, math.floor(GROWTH_SLEW * s.cap))
         self._apply(min(target, s.cap + step))
         s.kappa = _clamp_kappa(s.cap * cost / s.capacity)  # kappa follows the cap it produced
         s.growths += 1
+        s.escalate = False  # an overload after a deliberate raise is a fresh probe, not a repeat
 
     def expected_cost(self) -> float | None:
         """G: tokens one in-flight episode holds, blended by kind, floored by engine reality."""

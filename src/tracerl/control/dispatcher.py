@@ -1,10 +1,12 @@
 """The dispatcher: runs episodes up to the in-flight cap, and sheds the youngest groups first.
 
 Admission is smoothed by a burst window that meters net pool growth: within BURST_WINDOW_S at
-most `max(group_size, cap / 10)` more episodes start than finish. Natural completions refund the
-window (steady replacement is never throttled); cancellations do not (a mass shed must not hand
-its size back as burst budget while the overload drains). Cancelling an episode cancels its task,
-which closes its engine requests; the pool and engines abort them, so nothing keeps running.
+most `max(group_size, cap / 4)` more episodes start than finish (a whole growth step of the
+controller fits in one window; a start far above the engines' room ramps over a few windows).
+Natural completions refund the window (steady replacement is never throttled); cancellations do
+not (a mass shed must not hand its size back as burst budget while the overload drains).
+Cancelling an episode cancels its task, which closes its engine requests; the pool and engines
+abort them, so nothing keeps running.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 # Window over which admissions are metered.
-BURST_WINDOW_S = 5.0
+BURST_WINDOW_S = 1.0
 # Share of the cap that may be admitted net per window (at least a group).
-BURST_SHARE = 0.1
+BURST_SHARE = 0.25
 
 
 class DispatcherClosed(RuntimeError):

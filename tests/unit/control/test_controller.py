@@ -4,6 +4,7 @@ cuts raising the cap) has its test here."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -49,6 +50,16 @@ class Harness:
     def complete(self, tokens: int = 2000, kind: str = "train", env: str = "e") -> None:
         self.ctl.on_episode_complete(env, kind, tokens, 1.0, self.now)  # type: ignore[arg-type]
 
+    def turnover(self, binding: bool = True) -> None:
+        """One re-evaluation's worth of completions, all at once like a burst from one engine
+        step: only the first sees the pool at the cap, the rest see it emptied by the first."""
+        assert self.cap is not None
+        count = max(1, math.ceil(c.REEVAL_TURNOVER * self.cap))
+        start = self.cap - 1 if binding else self.cap // 2
+        for i in range(count):
+            self.inflight = start - i
+            self.complete()
+
 
 def test_bootstrap_happens_once_from_capacity_over_max_len() -> None:
     h = Harness(frozen_steps=0)
@@ -67,14 +78,13 @@ def test_configured_start_is_used_and_bounds_hold() -> None:
 
 def test_freeze_pins_exactly_the_first_k_steps_but_not_hard_cuts() -> None:
     h = Harness(initial_inflight=20, frozen_steps=1)
-    h.inflight = 20
     h.poll()
-    h.complete()
+    h.turnover()
     assert h.cap == 20  # frozen: no growth before the first step boundary
     h.ctl.on_step(1, h.now)
     h.poll()
-    h.complete()
-    assert h.cap == 22  # k=1 froze exactly one step: growth now (slew 10 % of 20)
+    h.turnover()
+    assert h.cap == 25  # k=1 froze exactly one step: growth now (slew 25 % of 20)
     frozen = Harness(initial_inflight=20, frozen_steps=3)
     frozen.inflight = 20
     frozen.poll(preemptions=2)
@@ -84,16 +94,26 @@ def test_freeze_pins_exactly_the_first_k_steps_but_not_hard_cuts() -> None:
 def test_growth_only_when_binding_and_clear() -> None:
     h = Harness(initial_inflight=20, frozen_steps=0)
     h.poll()
-    h.inflight = 10  # far below the cap: not binding
-    h.complete()
+    h.turnover(binding=False)  # far below the cap the whole turnover
     assert h.cap == 20
-    h.inflight = 19  # the completing episode counts: 19 + 1 == cap
+    h.turnover()  # one completion in the burst saw 19 + itself == cap: binding
+    assert h.cap == 25
+    h.poll(usage=0.97)  # SOFT band: no growth
+    h.turnover()
+    assert h.cap == 25
+
+
+def test_growth_is_reevaluated_once_per_turnover() -> None:
+    h = Harness(initial_inflight=40, frozen_steps=0)
+    h.poll()
+    per_turnover = math.ceil(c.REEVAL_TURNOVER * 40)
+    for _ in range(per_turnover - 1):
+        h.inflight = 39
+        h.complete()
+    assert h.cap == 40  # the turnover is not complete: completions are one observation
+    h.inflight = 10
     h.complete()
-    assert h.cap == 22
-    h.poll(usage=0.95)  # SOFT band: no growth
-    h.inflight = 21
-    h.complete()
-    assert h.cap == 22
+    assert h.cap == 50  # the binding completion earlier in the turnover counts
 
 
 def test_growth_is_slew_limited_and_alive_at_small_caps() -> None:
@@ -101,32 +121,39 @@ def test_growth_is_slew_limited_and_alive_at_small_caps() -> None:
     h.poll()
     caps = []
     for _ in range(5):
-        h.inflight = h.cap - 1
-        h.complete()
+        h.turnover()
         caps.append(h.cap)
-    assert caps == [2, 3, 4, 5, 6]  # at least one per binding completion, never a jump
+    assert caps == [2, 3, 4, 5, 6]  # at least one per re-evaluation, never a jump
     big = Harness(initial_inflight=100, frozen_steps=0)
     big.poll()
-    big.inflight = 99
-    big.complete()
-    assert big.cap == 110  # at most 10 % per re-evaluation
+    big.turnover()
+    assert big.cap == 125  # at most 25 % per re-evaluation
+
+
+def test_growth_is_bounded_by_the_measured_token_budget() -> None:
+    h = Harness(initial_inflight=100, frozen_steps=0)
+    h.poll(usage=0.8, running=100)
+    h.turnover()
+    # 100 episodes fill 80 % of the KV: the SOFT band holds 100 x 0.95 / 0.8 = 119, not 125
+    assert h.cap == math.ceil(100 * c.KV_USAGE_SOFT / 0.8)
 
 
 def test_growth_gate_expires_when_metrics_stop() -> None:
     h = Harness(initial_inflight=20, frozen_steps=0)
     h.poll()
     h.now += c.GROWTH_GATE_S + 1  # no poll since
-    h.inflight = 19
-    h.complete()
+    h.turnover()
     assert h.cap == 20
 
 
 def test_failed_episodes_never_grow_the_cap() -> None:
     h = Harness(initial_inflight=20, frozen_steps=0)
     h.poll()
-    h.inflight = 19
-    h.complete(tokens=0)
+    for _ in range(20):
+        h.inflight = 19
+        h.complete(tokens=0)
     assert h.cap == 20 and not h.ctl.state.costs
+    assert h.ctl.state.turnover == 0  # not even counted toward a re-evaluation
 
 
 def test_preemption_cuts_from_inflight_and_sheds_the_excess() -> None:
@@ -165,13 +192,26 @@ def test_drain_latch_holds_until_under_cap_and_settled() -> None:
     h.poll(preemptions=5)  # stale churn while draining: no second cut
     assert h.cap == 80 and h.ctl.state.draining
     h.inflight = 79
-    h.poll(preemptions=1)  # under the cap but the engines still preempt
-    assert h.ctl.state.draining
+    h.poll(preemptions=1)  # under the cap but the engines' backlog still preempts
+    assert h.ctl.state.draining and h.cap == 80
     h.poll()
     assert not h.ctl.state.draining
-    h.inflight = 79
-    h.complete()
-    assert h.cap > 80 - 1  # growth resumes after the latch
+    h.turnover()
+    assert h.cap > 80  # growth resumes after the latch
+
+
+def test_overload_surviving_the_drain_releases_into_an_escalated_cut() -> None:
+    h = Harness(initial_inflight=100, frozen_steps=0)
+    h.inflight = 100
+    h.poll(preemptions=5)
+    assert h.cap == 80
+    h.inflight = 78  # under the cap, yet the engines keep preempting: the cut was too small
+    for _ in range(c.DRAIN_STALE_POLLS - 1):
+        h.poll(preemptions=2)
+        assert h.cap == 80 and h.ctl.state.draining
+    h.poll(preemptions=2)
+    assert h.cap == 39  # escalated: 0.5 x 78, and the latch holds again
+    assert h.ctl.state.draining
 
 
 def test_escalation_and_its_reset_after_grace() -> None:
@@ -189,6 +229,19 @@ def test_escalation_and_its_reset_after_grace() -> None:
         h.poll()
     h.poll(preemptions=1)  # after the grace window: a fresh, unescalated cut
     assert h.cap == 32
+
+
+def test_a_growth_clears_escalation() -> None:
+    h = Harness(initial_inflight=100, frozen_steps=0)
+    h.inflight = 100
+    h.poll(preemptions=1)
+    h.inflight = 80
+    h.poll()  # drained, escalation armed
+    h.turnover()  # a deliberate raise
+    assert h.cap == 100
+    h.inflight = 100
+    h.poll(preemptions=1)  # the raise found the limit: a fresh cut, not a halving
+    assert h.cap == 80
 
 
 def test_only_decode_engines_count() -> None:
@@ -220,7 +273,6 @@ def test_bounds_clamp_everything() -> None:
     h.inflight = 3
     for _ in range(5):
         h.poll()
-        h.inflight = h.cap - 1
-        h.complete()
+        h.turnover()
     assert h.cap == 5
     assert h.ctl.gauges()["concurrency/cap"] == 5.0

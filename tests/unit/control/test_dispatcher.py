@@ -50,7 +50,7 @@ async def test_burst_window_meters_net_growth_and_refunds_only_completions() -> 
         await release.wait()
         return None, 5
 
-    d = Dispatcher(run, cap=100, group_size=4, clock=clock)  # budget max(4, 100 * 0.1) = 10
+    d = Dispatcher(run, cap=40, group_size=4, clock=clock)  # budget max(4, 40 x 0.25) = 10
     for i in range(10):
         await d.submit(Episode(f"a{i}", "g"))
     blocked = asyncio.create_task(d.submit(Episode("a10", "g")))
