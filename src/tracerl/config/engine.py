@@ -91,6 +91,10 @@ class SimEngineConfig(Config):
     """The end-of-sequence id a finished output ends with."""
     prefill_s_per_token: float = Field(default=2e-5, ge=0)
     """Simulated prefill time per prompt token."""
+    prefix_cache: bool = True
+    """Keep finished sequences' KV as an evictable prefix cache (least recently used first), so a
+    turn that extends an earlier one prefills only its new tokens, as vLLM and SGLang do. Under KV
+    pressure the cache is evicted and multi-turn episodes pay full prefills again."""
     decode_step_s: float = Field(default=0.02, ge=0)
     """Simulated time of one decode step with one running request."""
     decode_step_s_per_request: float = Field(default=2e-4, ge=0)

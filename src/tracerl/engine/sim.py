@@ -1,12 +1,17 @@
 """The simulated engine: the wire protocol and `/metrics` of a real engine, with no model.
 
 It owns a timing and memory model and nothing else. KV capacity in tokens bounds what runs;
-requests beyond it wait, and running requests that outgrow it are preempted (the newest first) and
-recomputed later, counted like vLLM counts them. A step takes `decode_step_s` plus
-`decode_step_s_per_request` per running request, plus prefill time for admitted prompts, all
-divided by `time_scale` (simulated seconds per wall second). Output lengths are lognormal around
-a median; ids, log-probs and lengths come from per-request random streams seeded by the engine
-seed and the request's rid and seed, so a run repeats exactly.
+requests beyond it wait, and running requests that outgrow it are preempted (the newest first)
+and recomputed later, counted like vLLM counts them. Finished sequences stay as an evictable
+prefix cache in the free KV (least recently used evicted first): a request whose prompt extends
+a cached sequence prefills only the rest, so agentic episodes pay for overload in recomputed
+context. A step takes `decode_step_s` plus `decode_step_s_per_request` per running request, plus
+prefill time for admitted prompts, all divided by `time_scale` (simulated seconds per second of
+the event loop's clock). Time is read from the running loop, so under
+`tracerl.bench.virtual_time` the engine runs on a virtual clock and Python overhead costs no
+simulated time. Output lengths are lognormal around a median; ids, log-probs and lengths come
+from per-request random streams seeded by the engine seed and the request's rid and seed, so a
+run repeats exactly.
 
 Fault injection (crash, hang, slowdown, malformed replies, 5xx, out-of-vocabulary ids) makes it
 the test bed for the engine pool, the concurrency controller and the benchmarks.
@@ -21,7 +26,7 @@ import os
 import random
 import sys
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +52,14 @@ from tracerl.engine.types import (
 CRASH_EXIT_CODE = 17
 # Simulated time a weight update takes (the engine is paused meanwhile by its caller).
 WEIGHT_UPDATE_S = 1.0
+# Prompt tokens that key a prefix-cache lookup (candidates are then compared in full).
+PREFIX_KEY_TOKENS = 16
 
 
 @dataclass
 class _SimSequence:
     rid: str
+    prompt_ids: list[int]
     prompt_len: int
     max_new: int
     target: int
@@ -63,6 +71,7 @@ class _SimSequence:
     emitted: int = 0
     kv_len: int = 0
     admit_order: int = -1
+    cached: int = 0
     prompt_counted: bool = False
     finish: FinishType | None = None
 
@@ -91,21 +100,29 @@ class SimEngine:
             kv_capacity_tokens=config.kv_cache_tokens, max_model_len=config.max_model_len
         )
         self._admit_counter = 0
+        # prefix cache: entry id -> token ids (LRU order), and lookup key -> entry ids
+        self._cache: OrderedDict[int, list[int]] = OrderedDict()
+        self._cache_keys: dict[tuple[int, ...], set[int]] = {}
+        self._cache_tokens = 0
+        self._cache_ids = 0
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._started = time.monotonic()
+        self._clock: Callable[[], float] = time.monotonic
+        self._started = self._clock()
 
     # ------------------------------------------------------------------ lifecycle
 
     def sim_time(self) -> float:
         """Simulated seconds since start."""
-        return (time.monotonic() - self._started) * self.config.time_scale
+        return (self._clock() - self._started) * self.config.time_scale
 
     async def start(self) -> None:
         if self._tasks:
             return
         self._wake = asyncio.Event()
-        self._started = time.monotonic()
+        # the loop's clock: wall time normally, simulated time under a virtual-time loop
+        self._clock = asyncio.get_running_loop().time
+        self._started = self._clock()
         self._tasks.append(asyncio.create_task(self._run()))
         faults = self.config.faults
         if faults.crash_at_s is not None:
@@ -156,6 +173,7 @@ class SimEngine:
         stops = set(sp.stop_token_ids) | (set() if sp.ignore_eos else {c.eos_token_id})
         return _SimSequence(
             rid=request.rid,
+            prompt_ids=list(ids),
             prompt_len=len(ids),
             max_new=sp.max_new_tokens or room,
             target=target,
@@ -286,7 +304,7 @@ class SimEngine:
                 self._stats.preemptions_total += 1
             admitted = self._admit()
             n = len(self._running)
-            prefill = sum(s.length for s in admitted)
+            prefill = sum(s.length - s.cached for s in admitted)
             step_s = (
                 c.decode_step_s + c.decode_step_s_per_request * n + c.prefill_s_per_token * prefill
             ) * c.faults.slowdown
@@ -301,6 +319,8 @@ class SimEngine:
                 self._emit(seq)
                 if seq.finish is not None:
                     self._running.remove(seq)
+                    self._cache_put(seq.prompt_ids + seq.output)
+            self._evict()
             self._publish()
 
     def _admit(self) -> list[_SimSequence]:
@@ -315,8 +335,51 @@ class SimEngine:
             if not seq.prompt_counted:
                 seq.prompt_counted = True
                 self._stats.prompt_tokens_total += seq.prompt_len
+            # a preempted sequence lost its blocks: only a first admission can hit the cache
+            seq.cached = self._cache_take(seq.prompt_ids) if not seq.output else 0
             admitted.append(seq)
+        self._evict()
         return admitted
+
+    # ------------------------------------------------------------------ the prefix cache
+
+    def _cache_put(self, ids: list[int]) -> None:
+        if not self.config.prefix_cache or len(ids) < PREFIX_KEY_TOKENS:
+            return
+        key = tuple(ids[:PREFIX_KEY_TOKENS])
+        entries = self._cache_keys.setdefault(key, set())
+        for old in [e for e in entries if ids[: len(self._cache[e])] == self._cache[e]]:
+            self._cache_drop(key, old)  # the new entry extends it
+        self._cache_ids += 1
+        self._cache[self._cache_ids] = ids
+        entries.add(self._cache_ids)
+        self._cache_tokens += len(ids)
+
+    def _cache_take(self, prompt: list[int]) -> int:
+        """Tokens of `prompt` found cached; the entry's blocks now belong to the sequence."""
+        entries = self._cache_keys.get(tuple(prompt[:PREFIX_KEY_TOKENS]))
+        if not entries:
+            return 0
+        hits = [e for e in entries if prompt[: len(self._cache[e])] == self._cache[e]]
+        if not hits:
+            return 0
+        best = max(hits, key=lambda e: len(self._cache[e]))
+        length = len(self._cache[best])
+        self._cache_drop(tuple(prompt[:PREFIX_KEY_TOKENS]), best)
+        return min(length, len(prompt) - 1)  # the last prompt token is always computed
+
+    def _cache_drop(self, key: tuple[int, ...], entry: int) -> None:
+        self._cache_tokens -= len(self._cache.pop(entry))
+        self._cache_keys[key].discard(entry)
+        if not self._cache_keys[key]:
+            del self._cache_keys[key]
+
+    def _evict(self) -> None:
+        """Least recently cached first, until the cache fits in the KV the running don't use."""
+        room = self.config.kv_cache_tokens - self._kv_used() - len(self._running)
+        while self._cache and self._cache_tokens > max(0, room):
+            entry, ids = next(iter(self._cache.items()))
+            self._cache_drop(tuple(ids[:PREFIX_KEY_TOKENS]), entry)
 
     def _sample(self, seq: _SimSequence) -> None:
         c = self.config
