@@ -7,6 +7,10 @@ import argparse
 
 
 def run_benchmark(name: str, args: argparse.Namespace) -> int:
+    if name == "concurrency":
+        from tracerl.bench.concurrency import main as concurrency_main
+
+        return concurrency_main(args)
     if name == "engine":
         from tracerl.bench.engine import main
 

@@ -18,7 +18,7 @@ from tracerl.config import (
     save_resolved_config,
 )
 
-BENCHMARKS = ("engine", "gateway", "gae", "faults")
+BENCHMARKS = ("engine", "gateway", "gae", "faults", "concurrency")
 
 
 def _config_epilog(cls: Any) -> str:
@@ -178,6 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--sessions-64", type=int, default=128, help="gateway: 10-turn sessions run 64 at a time"
+    )
+    bench.add_argument(
+        "--workload",
+        help="concurrency: a JSON file with one workload object or a list (default: built-ins)",
     )
     bench.set_defaults(func=_cmd_bench)
     return parser
