@@ -1,0 +1,126 @@
+"""The built-in environments against a real gateway in front of the scripted fake engine, over
+real sockets with the official openai SDK, as the loop runs them (`run_episode`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tracerl.envs import Session, make_environment, run_episode
+from tracerl.gateway.schema import SessionTrace
+
+TOOL_CALL = (
+    '<tool_call>\n{{"name": "calculate", "arguments": {{"expression": "{}"}}}}\n</tool_call>'
+)
+
+
+async def open_session(gw: Any, **sampling: Any) -> Session:
+    return Session.from_gateway(await gw.open_session(), sampling=sampling)
+
+
+async def test_arithmetic_scores_the_exact_answer(fake_engine, make_gateway) -> None:
+    fake, engine = fake_engine
+    gw = await make_gateway(engine)
+    env = make_environment(
+        {"name": "arithmetic", "sampling": {"temperature": 0.7, "max_tokens": 32}}
+    )
+    task = {"prompt": "What is 17 + 25?", "answer": 42}
+    fake.say("17 + 25 = 42", "It is 41.")
+    right = await open_session(gw, temperature=0.3)  # the loop's temperature wins
+    wrong = await open_session(gw)
+    first = await run_episode(env, task, right, timeout_s=30)
+    second = await run_episode(env, task, wrong, timeout_s=30)
+    assert (first.reward, first.failed) == (1.0, False)
+    assert (second.reward, second.failed) == (0.0, False)
+    assert first.metrics == {"reply_words": 3.0, "truncated": 0.0}  # "+" and "=" are no words
+    params = [r["sampling_params"] for r in fake.requests]
+    assert [p["temperature"] for p in params] == [0.3, 0.7]
+    assert [p["max_new_tokens"] for p in params] == [32, 32]
+    raw = await gw.trace(right.session_id)
+    (turn,) = raw["turns"]
+    assert turn["request"]["messages"] == [{"role": "user", "content": "What is 17 + 25?"}]
+    assert turn["response"]["choices"][0]["message"]["content"] == "17 + 25 = 42"
+    # The trace reward reads the same text the environment scored.
+    assert env.reward_fn is not None
+    assert env.reward_fn(task, SessionTrace.model_validate(raw)) == 1.0
+
+
+async def test_concise_appends_the_instruction_and_grades_length(fake_engine, make_gateway) -> None:
+    fake, engine = fake_engine
+    gw = await make_gateway(engine)
+    env = make_environment({"name": "concise", "system_prompt": "Be helpful."})
+    task = {"prompt": "Describe a river.", "max_words": 10}
+    fake.say("A river is flowing water.", " ".join(["water"] * 20))
+    short = await run_episode(env, task, await open_session(gw), timeout_s=30)
+    long_session = await open_session(gw)
+    long = await run_episode(env, task, long_session, timeout_s=30)
+    assert short.reward == 1.0
+    assert long.reward == 0.5  # 10 allowed / 20 written
+    (turn,) = (await gw.trace(long_session.session_id))["turns"]
+    assert turn["request"]["messages"] == [
+        {"role": "system", "content": "Be helpful."},
+        {"role": "user", "content": "Describe a river. Answer in at most 10 words."},
+    ]
+
+
+async def test_calculator_tool_round_trip_is_one_trajectory(fake_engine, make_gateway) -> None:
+    fake, engine = fake_engine
+    gw = await make_gateway(engine)
+    env = make_environment({"name": "calculator", "max_turns": 3})
+    task = {"prompt": "What is 347 * 29 + 18?", "answer": 10081}
+    fake.say(TOOL_CALL.format("347 * 29 + 18"), "The answer is 10081.")
+    session = await open_session(gw)
+    result = await run_episode(env, task, session, timeout_s=30)
+    assert (result.reward, result.failed) == (1.0, False)
+    assert result.metrics == {
+        "turns": 2.0,
+        "tool_calls": 1.0,
+        "tool_errors": 0.0,
+        "turn_limit": 0.0,
+    }
+    trace = await gw.trace(session.session_id)
+    t0, t1 = trace["turns"]
+    assert t0["finish_reason"] == "tool_calls" and t1["parent"] == 0
+    (traj,) = trace["trajectories"]
+    assert traj["turn_indices"] == [0, 1]
+    new_prompt = len(t1["prompt_ids"]) - len(t0["prompt_ids"]) - len(t0["completion_ids"])
+    assert traj["loss_mask"] == (
+        [0] * len(t0["prompt_ids"])
+        + [1] * len(t0["completion_ids"])
+        + [0] * new_prompt
+        + [1] * len(t1["completion_ids"])
+    )
+    tail = fake.tokenizer.decode(t1["prompt_ids"][-new_prompt:])
+    assert "<tool_response>\n10081\n</tool_response>" in tail  # 347*29 = 10063, + 18
+    assert '"calculate"' in fake.tokenizer.decode(t0["prompt_ids"])  # the tool was offered
+
+
+async def test_calculator_refuses_code_and_caps_the_turns(fake_engine, make_gateway) -> None:
+    fake, engine = fake_engine
+    gw = await make_gateway(engine)
+    env = make_environment({"name": "calculator", "max_turns": 2})
+    task = {"prompt": "What is 2 + 2?", "answer": 4}
+    fake.say(
+        TOOL_CALL.format("__import__('os').system('touch pwned')"),
+        TOOL_CALL.format("1 / 0"),
+        "never requested",
+    )
+    session = await open_session(gw)
+    result = await run_episode(env, task, session, timeout_s=30)
+    assert (result.reward, result.failed) == (0.0, False)
+    assert result.metrics == {
+        "turns": 2.0,
+        "tool_calls": 2.0,
+        "tool_errors": 2.0,
+        "turn_limit": 1.0,
+    }
+    assert len(fake.requests) == 2  # the cap: no third model turn
+    t0, t1 = (await gw.trace(session.session_id))["turns"]
+    tail = fake.tokenizer.decode(t1["prompt_ids"][len(t0["prompt_ids"]) :])
+    assert "error: unsupported syntax: Call" in tail
+
+
+async def test_an_unreachable_gateway_is_a_failed_episode() -> None:
+    env = make_environment({"name": "arithmetic", "request_timeout_s": 5})
+    session = Session("s", "k", "http://127.0.0.1:9/s/s/v1", "http://127.0.0.1:9/s/s")
+    result = await run_episode(env, {"prompt": "1 + 1?", "answer": 2}, session, timeout_s=30)
+    assert result.failed and (result.reason or "").startswith("APIConnectionError: ")
