@@ -57,7 +57,7 @@ async def run_episode(
             reason = f"timeout: the episode ran past {timeout_s:g} s"
             log.warning("episode %s (%s) failed: %s", session.session_id, env.name, reason)
         else:
-            reason = f"{type(e).__name__}: {e}"
+            reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             log.warning(
                 "episode %s (%s) failed: %s", session.session_id, env.name, reason, exc_info=e
             )
