@@ -20,6 +20,8 @@ from tracerl.gateway.schema import SessionTrace
 ROOT = Path(__file__).parents[2]
 AGENTS = ROOT / "tests" / "agents"
 TASK = {"prompt": "What is 17 + 25?", "answer": 42}
+# For agents that never call the model: nothing listens on port 9.
+NO_GATEWAY = Session("s", "k", "http://127.0.0.1:9/s/s/v1", "http://127.0.0.1:9/s/s")
 
 
 def agent(name: str, **config: Any) -> Any:
@@ -100,8 +102,7 @@ async def test_reward_fn_scores_an_agent_that_prints_none(fake_engine, make_gate
 
 
 async def test_a_crashing_agent_fails_with_its_exit_status_and_stderr() -> None:
-    session = Session("s", "k", "http://127.0.0.1:9/s/s/v1", "http://127.0.0.1:9/s/s")
-    result = await run_episode(agent("crash_agent.py"), TASK, session, timeout_s=30)
+    result = await run_episode(agent("crash_agent.py"), TASK, NO_GATEWAY, timeout_s=30)
     assert result.failed and result.reward is None
     assert result.reason is not None and result.reason.startswith("AgentError: agent ")
     assert "exited with status 3; stderr: ...agent: cannot parse the task" in result.reason
@@ -109,8 +110,7 @@ async def test_a_crashing_agent_fails_with_its_exit_status_and_stderr() -> None:
 
 async def test_a_missing_program_fails_the_episode() -> None:
     env = make_environment({"name": "command", "argv": ["/nonexistent/agent-binary"]})
-    session = Session("s", "k", "http://127.0.0.1:9/s/s/v1", "http://127.0.0.1:9/s/s")
-    result = await run_episode(env, TASK, session, timeout_s=30)
+    result = await run_episode(env, TASK, NO_GATEWAY, timeout_s=30)
     assert result.failed and (result.reason or "").startswith("FileNotFoundError: ")
 
 
@@ -119,8 +119,7 @@ async def test_a_hanging_agent_and_its_child_are_killed(tmp_path, who_times_out:
     pids_file = tmp_path / "pids"
     agent_timeout, episode_timeout = (2.0, 60.0) if who_times_out == "agent timeout_s" else (60, 2)
     env = agent("hang_agent.py", timeout_s=agent_timeout, env={"HANG_PIDS_FILE": str(pids_file)})
-    session = Session("s", "k", "http://127.0.0.1:9/s/s/v1", "http://127.0.0.1:9/s/s")
-    result = await run_episode(env, TASK, session, timeout_s=episode_timeout)
+    result = await run_episode(env, TASK, NO_GATEWAY, timeout_s=episode_timeout)
     assert result.failed and result.reward is None
     if who_times_out == "agent timeout_s":
         assert (result.reason or "").startswith("AgentTimeout: agent ")
@@ -151,3 +150,49 @@ async def test_the_example_agent_runs_unmodified(fake_engine, make_gateway) -> N
     assert (result.reward, result.failed) == (1.0, False)
     (turn,) = (await gw.trace(session.session_id))["turns"]
     assert turn["request"]["messages"][0]["role"] == "system"
+
+
+@pytest.mark.parametrize(
+    ("stdout", "reward", "metrics"),
+    [
+        ('{"reward": 0.5}\n', 0.5, {}),
+        (
+            'log\n{"reward": 1, "metrics": {"steps": 3, "solved": true}}\n\n  \n',
+            1.0,
+            {"steps": 3.0, "solved": 1.0},
+        ),
+        ('{"reward": -2.5, "metrics": {}}', -2.5, {}),
+    ],
+)
+async def test_reward_lines(stdout: str, reward: float, metrics: dict) -> None:
+    result = await run_episode(agent("echo_agent.py"), {"stdout": stdout}, NO_GATEWAY, 30)
+    assert (result.reward, result.metrics, result.failed) == (reward, metrics, False)
+
+
+@pytest.mark.parametrize(
+    ("stdout", "reason"),
+    [
+        ('{"reward": "high"}', "AgentError: reward must be a number, got 'high'"),
+        ('{"reward": true}', "AgentError: reward must be a number, got True"),
+        ('{"reward": NaN}', "AgentError: reward must be finite, got nan"),
+        (
+            '{"reward": 1, "metrics": {"k": "v"}}',
+            "AgentError: metric 'k' must be a number, got 'v'",
+        ),
+        ('{"reward": 1, "metrics": [1]}', "AgentError: metrics must be a JSON object of numbers"),
+        ('{"reward": 1}\ndone', "AgentError: the agent's last stdout line is not"),
+        ("", "AgentError: the agent's last stdout line is not"),
+    ],
+)
+async def test_bad_reward_lines_fail_the_episode(stdout: str, reason: str) -> None:
+    result = await run_episode(agent("echo_agent.py"), {"stdout": stdout}, NO_GATEWAY, 30)
+    assert result.failed and (result.reason or "").startswith(reason)
+
+
+async def test_a_task_that_is_not_json_starts_no_agent(tmp_path) -> None:
+    pids_file = tmp_path / "pids"
+    env = agent("hang_agent.py", env={"HANG_PIDS_FILE": str(pids_file)})
+    result = await run_episode(env, {"when": object()}, NO_GATEWAY, timeout_s=30)
+    assert result.failed
+    assert result.reason == "TypeError: Object of type object is not JSON serializable"
+    assert not pids_file.exists()

@@ -69,6 +69,7 @@ class CommandEnvironment:
 
     async def run(self, task: Task, session: Session) -> EnvResult:
         argv = self.config.argv
+        payload = json.dumps(task).encode() + b"\n"  # before starting: a bad task starts nothing
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE,
@@ -80,7 +81,7 @@ class CommandEnvironment:
         )
         try:
             async with asyncio.timeout(self.config.timeout_s) as deadline:
-                stdout, stderr = await proc.communicate(json.dumps(task).encode() + b"\n")
+                stdout, stderr = await proc.communicate(payload)
         except TimeoutError:
             if not deadline.expired():
                 raise
