@@ -21,10 +21,11 @@ row), SOFT (KV usage at or above KV_USAGE_SOFT), or CLEAR.
   when overload repeats within GRACE_POLLS polls of the last cut's drain), never above the
   current cap, kappa is re-derived from it, and the excess in flight is reported for shedding.
 - After a cut a drain latch holds (no growth, no further cuts on stale churn) until in-flight is
-  under the cap and a poll shows the engines settled. If the engines stay overloaded for
-  DRAIN_STALE_POLLS polls with in-flight already under the cap, the cut was not enough: the
-  latch releases into an escalated cut (a latch that waits for calm forever would pin an
-  overloaded cap).
+  under the cap and a poll shows the engines settled. If, with in-flight already under the cap,
+  the engines stay overloaded with a queue above DRAIN_QUEUE_RATIO of what runs for
+  DRAIN_STALE_POLLS polls, the cut was not enough: the latch releases into an escalated cut (a
+  latch that waits for calm forever pins an overloaded cap). Preemptions with a short queue are
+  the backlog's long sequences still growing, which a lower cap does not fix sooner.
 - Growth is re-evaluated once per REEVAL_TURNOVER of the pool (that share of the cap in
   completed episodes: fast at small caps, paced by the work itself at large ones). It happens
   only when the cap was binding during that turnover (in-flight, counting the completing
@@ -58,9 +59,13 @@ BACKOFF_FACTOR = 0.8
 ESCALATED_BACKOFF_FACTOR = 0.5
 # Polls without overload after a drain before the next cut is a fresh (unescalated) one.
 GRACE_POLLS = 6
-# HARD polls with in-flight already under the cap after which the overload is not the engines'
-# backlog clearing but the cut being too small: the latch releases and the next cut escalates.
+# HARD polls with in-flight already under the cap and requests still queueing for capacity after
+# which the overload is not the engines' backlog clearing but the cut being too small: the latch
+# releases and the next cut escalates.
 DRAIN_STALE_POLLS = 3
+# Queued requests above this share of running ones, with in-flight under the cap: the cap still
+# admits far more than fits (a preemption's victims alone queue only a few per cent).
+DRAIN_QUEUE_RATIO = 0.5
 # Capacity-queued requests above this share of running ones count as queueing overload...
 QUEUE_RATIO = 0.1
 # ...only when it persists this many polls (turn-completion bursts queue briefly by nature).
@@ -137,6 +142,8 @@ class ControllerState:
     turnover: int = 0
     bound: bool = False
     hard_under_cap: int = 0
+    queued: bool = False
+    swamped: bool = False
 
 
 class ConcurrencyController:
@@ -185,9 +192,12 @@ class ConcurrencyController:
             if signal != "HARD":
                 s.draining, s.polls_since_drain, s.hard_under_cap = False, 0, 0  # settled
                 return signal
-            s.hard_under_cap += 1
+            # Preemptions (and their victims waiting) are the backlog's long sequences still
+            # growing: keep waiting. A queue that is a large share of what runs means the
+            # engines still get far more than fits under this cap.
+            s.hard_under_cap = s.hard_under_cap + 1 if s.swamped else 0
             if s.hard_under_cap < DRAIN_STALE_POLLS:
-                return signal  # the engines' own backlog may still be clearing
+                return signal
             s.draining, s.hard_under_cap = False, 0  # overload survived the drain: cut again
         if signal == "HARD":
             self._cut(inflight)
@@ -231,12 +241,14 @@ class ConcurrencyController:
 
     def _classify(self, decode: list[EngineLoad]) -> Signal:
         s = self.state
+        running = sum(x.running for x in decode)
+        queued = sum(x.waiting_for_capacity for x in decode)
+        s.queued = queued > QUEUE_RATIO * max(running, 1)
+        s.swamped = queued > DRAIN_QUEUE_RATIO * max(running, 1)
         if any(x.preemptions > 0 for x in decode):
             s.queue_polls = 0
             return "HARD"
-        running = sum(x.running for x in decode)
-        queued = sum(x.waiting_for_capacity for x in decode)
-        s.queue_polls = s.queue_polls + 1 if queued > QUEUE_RATIO * max(running, 1) else 0
+        s.queue_polls = s.queue_polls + 1 if s.queued else 0
         if s.queue_polls >= QUEUE_PERSISTENCE_POLLS:
             return "HARD"
         if max(x.kv_usage for x in decode) >= KV_USAGE_SOFT:

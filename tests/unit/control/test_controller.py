@@ -205,11 +205,15 @@ def test_overload_surviving_the_drain_releases_into_an_escalated_cut() -> None:
     h.inflight = 100
     h.poll(preemptions=5)
     assert h.cap == 80
-    h.inflight = 78  # under the cap, yet the engines keep preempting: the cut was too small
-    for _ in range(c.DRAIN_STALE_POLLS - 1):
-        h.poll(preemptions=2)
+    h.inflight = 78
+    for _ in range(2 * c.DRAIN_STALE_POLLS):
+        h.poll(preemptions=2, queued=2)  # the backlog's long sequences still grow: wait
         assert h.cap == 80 and h.ctl.state.draining
-    h.poll(preemptions=2)
+    # under the cap, yet the engines keep preempting and queue as much as they run: too small
+    for _ in range(c.DRAIN_STALE_POLLS - 1):
+        h.poll(preemptions=2, queued=10)
+        assert h.cap == 80 and h.ctl.state.draining
+    h.poll(preemptions=2, queued=10)
     assert h.cap == 39  # escalated: 0.5 x 78, and the latch holds again
     assert h.ctl.state.draining
 
