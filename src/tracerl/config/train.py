@@ -15,6 +15,10 @@ LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
 # Fields that may differ between a checkpoint and the run resuming it: they change neither the
 # numbers a step computes nor the shapes of anything saved.
 RESUME_SAFE_FIELDS = frozenset({"keep_last_n", "offload_models"})
+# What one more micro-batch is worth in padded tokens, as a fraction of token_budget: a guess
+# between CPUs (compute per token dominates: split freely) and GPUs (a small micro-batch leaves
+# the device idle).
+DEFAULT_BUCKET_SPLIT_COST = 1 / 32
 
 
 class OptimizerConfig(Config):
@@ -76,10 +80,15 @@ class TrainerConfig(Config):
     token_budget: int = Field(default=8192, ge=2)
     """Tokens per micro-batch; gradients accumulate over micro-batches with one denominator
     per optimizer update. A longer trajectory gets a micro-batch of its own."""
-    batching: Literal["pack", "pad"] = "pack"
-    """pack: trajectories packed into rows of at most token_budget tokens (no padding); pad:
-    naive padding of every trajectory to the longest (the benchmark baseline, and a fallback
-    for models that cannot attend within packed rows)."""
+    batching: Literal["auto", "pack", "bucket", "pad"] = "auto"
+    """How micro-batches are laid out: pack (trajectories concatenated in rows, no padding),
+    bucket (grouped by length, padded to their micro-batch's longest), pad (naive: all padded
+    to the batch's longest; the benchmark baseline). auto: pack with a flash-attention
+    implementation, which attends within packed rows for free, else bucket (SDPA would pay
+    for attention across the samples of a packed row)."""
+    bucket_split_cost: float = Field(default=DEFAULT_BUCKET_SPLIT_COST, ge=0)
+    """bucket: padded tokens one more micro-batch is worth, as a fraction of token_budget
+    (lower where compute per token dominates, as on CPUs)."""
     clip_low: float = Field(default=0.2, ge=0)
     """PPO ratio clip below 1 (epsilon low)."""
     clip_high: float = Field(default=0.2, ge=0)

@@ -2,14 +2,18 @@
 
 Per-token data of a step lives in one packed layout: the samples' tokens concatenated, `[N]`,
 with `cu_seqlens` `[B + 1]` marking boundaries (the layout of `tracerl.algo`). Only a
-micro-batch's model input differs by `batching`:
+micro-batch's model input differs by `batching`, always under `token_budget` tokens (padding
+included; a longer sample gets a micro-batch of its own):
 
-- `pack`: the samples of a micro-batch concatenated into one row `[1, n]`, positions restarting
-  at 0 for each, so attention never crosses samples and nothing is padded. Samples are placed by
-  first-fit decreasing into rows of at most `token_budget` tokens.
-- `pad`: naive padding: every sample padded to the longest of the batch, `token_budget // L`
-  rows per micro-batch. Kept as the benchmark baseline and for models that cannot attend within
-  packed rows.
+- `pack`: samples concatenated into one row `[1, n]` (first-fit decreasing), positions
+  restarting at 0 for each, so nothing is padded. Right for attention kernels that take packed
+  rows as variable-length sequences (flash-attention); SDPA instead builds a dense `[n, n]`
+  block mask and pays for attention across samples it then discards.
+- `bucket`: group by length: sorted longest first and cut into runs padded only to their own
+  longest, trading padding against the number of micro-batches (`plan_buckets`). Little
+  padding, and attention stays within each sample on any backend.
+- `pad`: naive padding of every sample to the longest of the batch, `token_budget // L` rows
+  per micro-batch: the benchmark baseline.
 
 Either way a micro-batch's model outputs are wanted only at positions whose *next* token is an
 action (`keep`); they come back flattened in packed order, so `actions` (their positions in the
@@ -27,9 +31,10 @@ from typing import Literal
 
 import torch
 
+from tracerl.config.train import DEFAULT_BUCKET_SPLIT_COST
 from tracerl.gateway.schema import Trajectory
 
-Batching = Literal["pack", "pad"]
+Batching = Literal["pack", "bucket", "pad"]
 
 
 class SampleError(ValueError):
@@ -206,19 +211,58 @@ def plan_padded(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     return [list(range(i, min(i + per, len(lengths)))) for i in range(0, len(lengths), per)]
 
 
+def plan_buckets(lengths: Sequence[int], token_budget: int, split_cost: float) -> list[list[int]]:
+    """Group by length: samples sorted longest first, cut into runs that each pad to their own
+    longest, under `token_budget` padded tokens (a longer sample runs alone). The cut minimises
+    padded tokens plus `split_cost` per micro-batch, exactly (dynamic programming over the
+    sorted order; a run's cost only grows as it reaches back to longer samples, so each
+    position looks back at most `token_budget / length` samples)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    sorted_lengths = [lengths[i] for i in order]
+    best = [0.0] + [math.inf] * len(order)  # best[j]: cost of grouping the first j samples
+    start = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(j - 1, -1, -1):
+            rows = j - i
+            if rows > 1 and rows * sorted_lengths[i] > token_budget:
+                break
+            cost = best[i] + rows * sorted_lengths[i] + split_cost
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    groups: list[list[int]] = []
+    j = len(order)
+    while j > 0:
+        groups.append(sorted(order[start[j] : j]))
+        j = start[j]
+    return groups[::-1]
+
+
 def micro_batches(
-    batch: PackedBatch, samples: Sequence[int], token_budget: int, batching: Batching
+    batch: PackedBatch,
+    samples: Sequence[int],
+    token_budget: int,
+    batching: Batching,
+    split_cost: float | None = None,
 ) -> list[MicroBatch]:
-    """Cut `samples` (indices into `batch`) into micro-batches under `token_budget`."""
+    """Cut `samples` (indices into `batch`) into micro-batches under `token_budget`;
+    `split_cost` (bucket) defaults to `token_budget * DEFAULT_BUCKET_SPLIT_COST`."""
     lengths = [batch.lengths[i] for i in samples]
     if batching == "pack":
         plan = plan_packs(lengths, token_budget)
+    elif batching == "bucket":
+        cost = token_budget * DEFAULT_BUCKET_SPLIT_COST if split_cost is None else split_cost
+        plan = plan_buckets(lengths, token_budget, cost)
     elif batching == "pad":
         plan = plan_padded(lengths, token_budget)
     else:
-        raise ValueError(f"batching: expected pack or pad, got {batching!r}")
-    width = max(lengths)  # pad: every row to the longest of all `samples`
-    return [_build(batch, [samples[j] for j in part], batching, width) for part in plan]
+        raise ValueError(f"batching: expected pack, bucket or pad, got {batching!r}")
+    out = []
+    for part in plan:
+        chosen = [samples[j] for j in part]
+        # pad: every row as long as the longest of all `samples`; bucket: of its micro-batch
+        width = max(lengths) if batching == "pad" else max(batch.lengths[i] for i in chosen)
+        out.append(_build(batch, chosen, batching, width))
+    return out
 
 
 def _build(batch: PackedBatch, samples: list[int], batching: Batching, width: int) -> MicroBatch:

@@ -5,7 +5,7 @@ any top-p / top-k truncation (`tracerl.engine.sampling`); T = 0 (greedy) is repo
 Logits are computed only where the next token is an action (`logits_to_keep` with the
 micro-batch's boolean `keep`), so prompt and observation tokens never reach the vocabulary
 head. The log-prob is `z[token] - logsumexp(z)`, which never materialises a second `[k, V]`
-log-softmax for backward.
+log-softmax for backward; the entropy (a metric, no grad) reuses the same `logsumexp`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from tracerl.algo.losses import entropy_from_logits
 from tracerl.train.batch import MicroBatch
 
 
@@ -33,12 +32,14 @@ def action_logprobs(
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     chosen = logits.gather(-1, mb.tokens[:, None])[:, 0]  # [k]
-    logprobs = chosen - torch.logsumexp(logits, dim=-1)
+    normaliser = torch.logsumexp(logits, dim=-1)  # [k]
     entropy = None
-    if with_entropy:
+    if with_entropy:  # H = logsumexp(z) - sum(p z), reusing the normaliser: one pass fewer
         with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
-    return logprobs, entropy
+            z = logits.detach()
+            probs = (z - normaliser.detach()[:, None]).exp_()  # [k, V]
+            entropy = normaliser.detach() - (probs * z).sum(-1)
+    return chosen - normaliser, entropy
 
 
 def action_values(critic: Any, mb: MicroBatch) -> torch.Tensor:

@@ -40,7 +40,7 @@ from tracerl.algo.losses import kl_in_reward, kl_per_token
 from tracerl.algo.stats import explained_variance
 from tracerl.config.train import RESUME_SAFE_FIELDS, OptimizerConfig, TrainerConfig
 from tracerl.train import checkpoint as ckpt
-from tracerl.train.batch import MicroBatch, PackedBatch, TrainSample, micro_batches
+from tracerl.train.batch import Batching, MicroBatch, PackedBatch, TrainSample, micro_batches
 from tracerl.train.forward import all_logprobs, all_values
 from tracerl.train.models import load_actor, load_reference, value_model_from_actor
 from tracerl.train.phases import MemoryPhases, Phase, Place
@@ -48,6 +48,14 @@ from tracerl.train.schedule import ResumableLambdaLR, build_lr_schedule
 from tracerl.train.update import ActorTargets, Metrics, token_stats, update_actor, update_critic
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_batching(batching: str, actor: Any) -> Batching:
+    """`auto`: packed rows with a flash-attention implementation, else grouped by length."""
+    if batching != "auto":
+        return batching  # type: ignore[return-value]
+    attention = str(getattr(actor.config, "_attn_implementation", ""))
+    return "pack" if "flash" in attention else "bucket"
 
 
 class Trainer:
@@ -76,6 +84,7 @@ class Trainer:
             self.critic_optimizer, self.critic_scheduler = self._optimizer(
                 self.critic, config.critic
             )
+        self.batching = resolve_batching(config.batching, self.actor)
         offload = self.device.type == "cuda" and config.offload_models
         self.phases = MemoryPhases(self._transfer if offload else None)
         if not offload:
@@ -102,6 +111,7 @@ class Trainer:
             betas=(optim.beta1, optim.beta2),
             eps=optim.eps,
             weight_decay=optim.weight_decay,
+            fused=True,  # one kernel over all parameters: ~6x faster than the loop on a CPU
         )
         # The schedule advances once per applied update; its unit in the config is a step.
         updates = optim.epochs * optim.mini_batches
@@ -167,7 +177,9 @@ class Trainer:
         metrics.set(f"time/{name}", time.perf_counter() - started)
 
     def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
-        return micro_batches(batch, samples, self.config.token_budget, self.config.batching)
+        cfg = self.config
+        split = cfg.token_budget * cfg.bucket_split_cost
+        return micro_batches(batch, samples, cfg.token_budget, self.batching, split)
 
     def _reference_logprobs(
         self, batch: PackedBatch, mbs: list[MicroBatch], metrics: Metrics
@@ -225,7 +237,7 @@ class Trainer:
                 metrics.set(f"critic/{name}_mean", token_stats(x, mask)["mean"])
             update_critic(
                 self.critic, self.critic_optimizer, self.critic_scheduler, batch, values,
-                returns, cfg, generator, metrics,
+                returns, cfg, generator, metrics, self.batching,
             )  # fmt: skip
         if warmup:
             metrics.set("critic/warmup", 1.0)
@@ -292,7 +304,7 @@ class Trainer:
             update_actor(
                 self.actor, self.actor_optimizer, self.actor_scheduler, batch, samples,
                 ActorTargets(advantages, old, ref if self.config.kl_loss_coef > 0 else None),
-                self.config, generator, metrics,
+                self.config, generator, metrics, self.batching,
             )  # fmt: skip
 
     # ---- checkpoints and export -------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from tracerl.algo.distributed import all_reduce_sum, global_token_count
 from tracerl.algo.losses import kl_penalty, kl_per_token, policy_loss, value_loss
 from tracerl.config.train import TrainerConfig
-from tracerl.train.batch import MicroBatch, PackedBatch, micro_batches
+from tracerl.train.batch import Batching, MicroBatch, PackedBatch, micro_batches
 from tracerl.train.forward import action_logprobs, action_values
 from tracerl.train.schedule import optimizer_step
 
@@ -140,13 +140,15 @@ def _update(
     backward: Callable[[MicroBatch, torch.Tensor, int], None],
     prefix: str,
     metrics: Metrics,
+    batching: Batching,
 ) -> None:
     optim = config.actor if prefix == "actor" else config.critic
     params = [p for p in model.parameters() if p.requires_grad]
     skipped, norms = 0, []
     for index, part in enumerate(parts):
         denom = denominator(batch, part, agg)
-        for mb in micro_batches(batch, part, config.token_budget, config.batching):
+        split = config.token_budget * config.bucket_split_cost
+        for mb in micro_batches(batch, part, config.token_budget, batching, split):
             backward(mb, denom, index)
         result = optimizer_step(
             optimizer,
@@ -177,6 +179,7 @@ def update_actor(
     config: TrainerConfig,
     generator: torch.Generator,
     metrics: Metrics,
+    batching: Batching,
 ) -> None:
     """PPO-clip updates of the actor (with TIS against the rollout log-probs, and the KL loss
     when configured) over `samples` of `batch`."""
@@ -224,7 +227,7 @@ def update_actor(
 
     _update(
         actor, optimizer, scheduler, batch, parts, config, config.loss_agg, backward,
-        "actor", metrics,
+        "actor", metrics, batching,
     )  # fmt: skip
 
 
@@ -238,6 +241,7 @@ def update_critic(
     config: TrainerConfig,
     generator: torch.Generator,
     metrics: Metrics,
+    batching: Batching,
 ) -> None:
     """Clipped value-loss updates of the critic toward `returns` `[N]` over the whole batch."""
     samples = list(range(batch.size))
@@ -255,5 +259,5 @@ def update_critic(
 
     _update(
         critic, optimizer, scheduler, batch, parts, config, "token_mean", backward,
-        "critic", metrics,
+        "critic", metrics, batching,
     )  # fmt: skip

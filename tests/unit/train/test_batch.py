@@ -1,3 +1,6 @@
+import itertools
+import math
+
 import pytest
 import torch
 
@@ -7,9 +10,11 @@ from tracerl.train.batch import (
     SampleError,
     TrainSample,
     micro_batches,
+    plan_buckets,
     plan_packs,
     plan_padded,
 )
+from tracerl.train.trainer import resolve_batching
 
 from .conftest import make_samples
 
@@ -32,7 +37,57 @@ def test_naive_padding_fills_rows_up_to_the_budget_over_the_longest() -> None:
     assert plan_padded([30, 4], token_budget=25) == [[0], [1]]
 
 
-@pytest.mark.parametrize("batching", ["pack", "pad"])
+def best_grouping_cost(lengths: list[int], budget: int, split_cost: float) -> float:
+    """Every way to cut the longest-first order into runs, tried one by one."""
+    ordered = sorted(lengths, reverse=True)
+    best = math.inf
+    for cuts in itertools.product([False, True], repeat=len(ordered) - 1):
+        runs, run = [], [ordered[0]]
+        for length, cut in zip(ordered[1:], cuts, strict=True):
+            if cut:
+                runs.append(run)
+                run = []
+            run.append(length)
+        runs.append(run)
+        if all(len(r) == 1 or len(r) * r[0] <= budget for r in runs):
+            best = min(best, sum(len(r) * r[0] + split_cost for r in runs))
+    return best
+
+
+def test_grouping_by_length_minimises_padding_plus_split_cost() -> None:
+    lengths = [7, 3, 9, 2, 5, 5, 1, 12]
+    # free splits: nothing padded; costly splits: the fewest micro-batches the budget allows
+    assert plan_buckets(lengths, 16, split_cost=0) == [[i] for i in (7, 2, 0, 4, 5, 1, 3, 6)]
+    # split cost 4: 12 and 9 run alone (2 x 12, 2 x 9 > 16), then e.g. [7] [5 5 3] [2 1]:
+    # padded 12 + 9 + 7 + 15 + 4 = 47, + 5 x 4 = 67 ([7 5] [5 3] [2 1] gives 49 + 20 = 69)
+    groups = plan_buckets(lengths, 16, split_cost=4)
+    assert sum(len(g) * max(lengths[i] for i in g) + 4 for g in groups) == 67
+    assert groups[:2] == [[7], [2]]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        n = int(torch.randint(1, 9, (1,), generator=gen))
+        sample = torch.randint(1, 20, (n,), generator=gen).tolist()
+        budget = int(torch.randint(10, 60, (1,), generator=gen))
+        split = float(torch.randint(0, 30, (1,), generator=gen))
+        groups = plan_buckets(sample, budget, split)
+        assert sorted(i for g in groups for i in g) == list(range(n))
+        cost = sum(len(g) * max(sample[i] for i in g) + split for g in groups)
+        assert cost == best_grouping_cost(sample, budget, split), (sample, budget, split)
+        assert all(len(g) == 1 or len(g) * max(sample[i] for i in g) <= budget for g in groups)
+
+
+def test_auto_batching_packs_only_for_flash_attention() -> None:
+    class Model:
+        def __init__(self, attention: str) -> None:
+            self.config = type("Config", (), {"_attn_implementation": attention})()
+
+    assert resolve_batching("auto", Model("sdpa")) == "bucket"
+    assert resolve_batching("auto", Model("eager")) == "bucket"
+    assert resolve_batching("auto", Model("flash_attention_2")) == "pack"
+    assert resolve_batching("pad", Model("flash_attention_2")) == "pad"
+
+
+@pytest.mark.parametrize("batching", ["pack", "bucket", "pad"])
 def test_micro_batches_map_outputs_back_to_action_tokens(batching: str) -> None:
     samples = make_samples(0, count=5)
     batch = PackedBatch.build(samples, CPU)
@@ -53,6 +108,9 @@ def test_micro_batches_map_outputs_back_to_action_tokens(batching: str) -> None:
             assert mb.num_tokens <= 20 or len(mb.samples) == 1
             starts = (mb.position_ids == 0).nonzero()[:, 1].tolist()  # type: ignore[union-attr]
             assert len(starts) == len(mb.samples)
+        elif batching == "bucket":
+            assert mb.input_ids.shape[1] == max(batch.lengths[i] for i in mb.samples)
+            assert mb.num_tokens <= 20 or len(mb.samples) == 1
         else:
             assert mb.input_ids.shape[1] == max(batch.lengths)
             assert mb.attention_mask is not None

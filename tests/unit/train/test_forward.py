@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from tests.conftest import reference_logprobs
+from tracerl.algo.losses import entropy_from_logits
 from tracerl.train.batch import PackedBatch, TrainSample, micro_batches
-from tracerl.train.forward import all_logprobs, all_values
+from tracerl.train.forward import action_logprobs, all_logprobs, all_values
 from tracerl.train.models import value_model_from_actor
 
 from .conftest import make_samples
@@ -24,7 +25,7 @@ def single_turn(model: Any, temperature: float) -> list[TrainSample]:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
-@pytest.mark.parametrize("batching", ["pack", "pad"])
+@pytest.mark.parametrize("batching", ["pack", "bucket", "pad"])
 def test_logprobs_follow_the_engine_definition(
     tiny: tuple[Any, Any], temperature: float, batching: str
 ) -> None:
@@ -35,6 +36,20 @@ def test_logprobs_follow_the_engine_definition(
     assert len(mbs) > 1
     lp = all_logprobs(model, mbs, batch.token_ids.numel(), temperature, torch.device("cpu"))
     torch.testing.assert_close(lp, batch.rollout_logprobs)
+    # entropies of the same distributions, against the textbook formula on a full forward
+    entropy = torch.zeros_like(lp)
+    with torch.no_grad():
+        for mb in mbs:
+            entropy[mb.actions] = action_logprobs(model, mb, temperature, with_entropy=True)[1]
+        expected = torch.zeros_like(lp)
+        for i, s in enumerate(samples):
+            logits = model(torch.tensor([s.token_ids])).logits[0, :-1].float()  # predicts 1..n
+            scaled = logits / (temperature if temperature > 0 else 1.0)
+            start = int(batch.cu_seqlens[i])
+            mask = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
+            positions = torch.arange(start + 1, start + len(s.token_ids))[mask]
+            expected[positions] = entropy_from_logits(scaled[mask])
+    torch.testing.assert_close(entropy, expected)
 
 
 def test_packed_and_padded_values_agree(tiny: tuple[Any, Any]) -> None:
@@ -44,8 +59,10 @@ def test_packed_and_padded_values_agree(tiny: tuple[Any, Any]) -> None:
     cpu = torch.device("cpu")
     packed = all_values(critic, micro_batches(batch, range(5), 24, "pack"), n, cpu)
     padded = all_values(critic, micro_batches(batch, range(5), 24, "pad"), n, cpu)
+    grouped = all_values(critic, micro_batches(batch, range(5), 24, "bucket"), n, cpu)
     alone = all_values(critic, micro_batches(batch, range(5), 1, "pack"), n, cpu)  # one each
     torch.testing.assert_close(packed, padded)
+    torch.testing.assert_close(packed, grouped)
     torch.testing.assert_close(packed, alone)
     assert bool((packed[batch.loss_mask == 0] == 0).all())
     assert bool((packed[batch.loss_mask == 1] != 0).all())

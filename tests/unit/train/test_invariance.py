@@ -8,13 +8,16 @@ from typing import Any
 import pytest
 import torch
 
-from tracerl.train.batch import PackedBatch
+from tracerl.train.batch import Batching, PackedBatch
 from tracerl.train.models import value_model_from_actor
 from tracerl.train.update import ActorTargets, Metrics, update_actor, update_critic
 
 from .conftest import config, make_samples
 
-CUTS = [("pack", 10_000), ("pack", 24), ("pack", 2), ("pad", 10_000), ("pad", 40)]
+CUTS: list[tuple[Batching, int]] = [
+    ("pack", 10_000), ("pack", 24), ("pack", 2), ("bucket", 10_000), ("bucket", 40),
+    ("pad", 10_000), ("pad", 40),
+]  # fmt: skip
 
 
 class RecordGradients(torch.optim.Optimizer):
@@ -32,7 +35,7 @@ class RecordGradients(torch.optim.Optimizer):
 
 
 def run(
-    model: torch.nn.Module, which: str, batching: str, budget: int, agg: str
+    model: torch.nn.Module, which: str, batching: Batching, budget: int, agg: str
 ) -> tuple[float, list[torch.Tensor]]:
     samples = make_samples(4, count=6)
     batch = PackedBatch.build(samples, torch.device("cpu"))
@@ -50,11 +53,11 @@ def run(
             old_logprobs=None,
             ref_logprobs=batch.rollout_logprobs + 0.1 * batch.loss_mask,
         )
-        update_actor(model, opt, None, batch, range(6), targets, cfg, g, metrics)  # type: ignore[arg-type]
+        update_actor(model, opt, None, batch, range(6), targets, cfg, g, metrics, batching)
         loss = metrics.result()["actor/policy_loss"] + metrics.result()["actor/kl_loss"]
     else:
         returns = (noise + 1) * batch.loss_mask
-        update_critic(model, opt, None, batch, 0.5 * returns, returns, cfg, g, metrics)
+        update_critic(model, opt, None, batch, 0.5 * returns, returns, cfg, g, metrics, batching)
         loss = metrics.result()["critic/value_loss"]
     assert len(opt.seen) == 1
     return loss, opt.seen[0]

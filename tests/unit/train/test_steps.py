@@ -91,7 +91,7 @@ def record_training_forwards(
     return seen
 
 
-@pytest.mark.parametrize("batching", ["pack", "pad"])
+@pytest.mark.parametrize("batching", ["pack", "bucket", "pad"])
 def test_masked_tokens_get_zero_gradient(make_trainer: MakeTrainer, batching: str) -> None:
     """The gradient reaching the last hidden state at position t is zero unless token t + 1 is
     an action, for the actor and the critic (an off-by-one or a leaked mask would show)."""
@@ -135,9 +135,12 @@ def test_critic_warmup_leaves_the_actor_bit_identical(make_trainer: MakeTrainer)
 def test_uniform_groups_are_filtered_and_counted(make_trainer: MakeTrainer) -> None:
     trainer = make_trainer(algorithm="grpo")
     tokens: list[int] = []
-    trainer.actor.register_forward_pre_hook(
-        lambda m, a, kw: tokens.append(kw["input_ids"].numel()), with_kwargs=True
-    )
+
+    def count_tokens(module: Any, args: Any, kwargs: Any) -> None:
+        mask = kwargs.get("attention_mask")
+        tokens.append(int(mask.sum()) if mask is not None else kwargs["input_ids"].numel())
+
+    trainer.actor.register_forward_pre_hook(count_tokens, with_kwargs=True)
     base = make_samples(3, count=6)  # groups 0, 1, 2 of two samples each
     rewards = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]  # groups 0 and 2 are uniform
     samples = [
