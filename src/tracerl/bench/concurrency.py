@@ -113,6 +113,7 @@ BUILTIN = [
         prompt_tokens=(200, 600),
         output_median=300.0,
         output_sigma=1.0,
+        steps=30,  # heavy tails: 20 measured steps for a mean that is not one outlier's
     ),
     Workload(
         "agentic_multi_turn",

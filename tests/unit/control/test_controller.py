@@ -88,7 +88,7 @@ def test_freeze_pins_exactly_the_first_k_steps_but_not_hard_cuts() -> None:
     frozen = Harness(initial_inflight=20, frozen_steps=3)
     frozen.inflight = 20
     frozen.poll(preemptions=2)
-    assert frozen.cap == 16  # HARD cuts stay live inside the freeze
+    assert frozen.cap == 18  # HARD cuts stay live inside the freeze (0.9 x 20)
 
 
 def test_growth_only_when_binding_and_clear() -> None:
@@ -98,7 +98,7 @@ def test_growth_only_when_binding_and_clear() -> None:
     assert h.cap == 20
     h.turnover()  # one completion in the burst saw 19 + itself == cap: binding
     assert h.cap == 25
-    h.poll(usage=0.97)  # SOFT band: no growth
+    h.poll(usage=0.99)  # SOFT band: no growth
     h.turnover()
     assert h.cap == 25
 
@@ -160,8 +160,8 @@ def test_preemption_cuts_from_inflight_and_sheds_the_excess() -> None:
     h = Harness(initial_inflight=100, frozen_steps=0)
     h.inflight = 90
     assert h.poll(preemptions=3) == "HARD"
-    assert h.cap == 72  # 0.8 x 90
-    assert h.overloads == [18]
+    assert h.cap == 81  # 0.9 x 90
+    assert h.overloads == [9]
     assert h.ctl.state.draining
 
 
@@ -180,41 +180,41 @@ def test_persistent_queueing_is_hard_but_one_burst_is_not() -> None:
     assert [h.poll(running=20, queued=10) for _ in range(c.QUEUE_PERSISTENCE_POLLS)] == [
         "CLEAR"
     ] * (c.QUEUE_PERSISTENCE_POLLS - 1) + ["HARD"]
-    assert h.cap == 32
+    assert h.cap == 24  # 0.9 x the 2/3 of 40 in flight the engines serve
 
 
 def test_drain_latch_holds_until_under_cap_and_settled() -> None:
     h = Harness(initial_inflight=100, frozen_steps=0)
     h.inflight = 100
     h.poll(preemptions=5)
-    assert h.cap == 80 and h.ctl.state.draining
+    assert h.cap == 90 and h.ctl.state.draining
     h.inflight = 95
     h.poll(preemptions=5)  # stale churn while draining: no second cut
-    assert h.cap == 80 and h.ctl.state.draining
-    h.inflight = 79
+    assert h.cap == 90 and h.ctl.state.draining
+    h.inflight = 89
     h.poll(preemptions=1)  # under the cap but the engines' backlog still preempts
-    assert h.ctl.state.draining and h.cap == 80
+    assert h.ctl.state.draining and h.cap == 90
     h.poll()
     assert not h.ctl.state.draining
     h.turnover()
-    assert h.cap > 80  # growth resumes after the latch
+    assert h.cap > 90  # growth resumes after the latch
 
 
 def test_overload_surviving_the_drain_releases_into_an_escalated_cut() -> None:
     h = Harness(initial_inflight=100, frozen_steps=0)
     h.inflight = 100
     h.poll(preemptions=5)
-    assert h.cap == 80
-    h.inflight = 78
+    assert h.cap == 90
+    h.inflight = 88
     for _ in range(2 * c.DRAIN_STALE_POLLS):
         h.poll(preemptions=2, queued=2)  # the backlog's long sequences still grow: wait
-        assert h.cap == 80 and h.ctl.state.draining
+        assert h.cap == 90 and h.ctl.state.draining
     # under the cap, yet the engines keep preempting and queue as much as they run: too small
     for _ in range(c.DRAIN_STALE_POLLS - 1):
         h.poll(preemptions=2, queued=10)
-        assert h.cap == 80 and h.ctl.state.draining
+        assert h.cap == 90 and h.ctl.state.draining
     h.poll(preemptions=2, queued=10)
-    assert h.cap == 39  # escalated: 0.5 x 78, and the latch holds again
+    assert h.cap == 22  # escalated: 0.5 x the half of 88 the engines serve; latched again
     assert h.ctl.state.draining
 
 
@@ -222,30 +222,48 @@ def test_escalation_and_its_reset_after_grace() -> None:
     h = Harness(initial_inflight=100, frozen_steps=0)
     h.inflight = 100
     h.poll(preemptions=1)
-    assert h.cap == 80
-    h.inflight = 80
+    assert h.cap == 90
+    h.inflight = 90
     h.poll()  # drained
-    h.poll(preemptions=1)  # overload again right away: escalated
-    assert h.cap == 40
-    h.inflight = 40
+    h.poll(preemptions=1, running=40, queued=40)  # swamped again right away: escalated
+    assert h.cap == 22  # 0.5 x the 45 of 90 in flight the engines serve
+    h.inflight = 22
     h.poll()  # drained
     for _ in range(c.GRACE_POLLS):
         h.poll()
     h.poll(preemptions=1)  # after the grace window: a fresh, unescalated cut
-    assert h.cap == 32
+    assert h.cap == 19
+
+
+def test_preemptions_without_a_queue_are_never_escalated() -> None:
+    h = Harness(initial_inflight=100, frozen_steps=0)
+    h.inflight = 100
+    h.poll(preemptions=1)
+    h.inflight = 90
+    h.poll()  # drained
+    h.poll(preemptions=1, queued=0)  # resident sequences grew: a plain backoff
+    assert h.cap == 81
+
+
+def test_a_cut_backs_off_from_what_the_engines_serve() -> None:
+    h = Harness(initial_inflight=1024, frozen_steps=0)
+    h.inflight = 1024
+    h.poll(preemptions=3, running=300, queued=700)
+    assert h.cap == math.floor(c.BACKOFF_FACTOR * 1024 * 300 / 1000)  # near capacity at once
+    assert h.overloads == [1024 - h.cap]
 
 
 def test_a_growth_clears_escalation() -> None:
     h = Harness(initial_inflight=100, frozen_steps=0)
     h.inflight = 100
     h.poll(preemptions=1)
-    h.inflight = 80
+    h.inflight = 90
     h.poll()  # drained, escalation armed
     h.turnover()  # a deliberate raise
-    assert h.cap == 100
-    h.inflight = 100
-    h.poll(preemptions=1)  # the raise found the limit: a fresh cut, not a halving
-    assert h.cap == 80
+    assert h.cap == 112
+    h.inflight = 112
+    h.poll(preemptions=1, running=40, queued=40)  # swamped, but after a raise: not halved
+    assert h.cap == 50  # 0.9 x the 56 served
 
 
 def test_only_decode_engines_count() -> None:
