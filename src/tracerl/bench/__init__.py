@@ -4,27 +4,21 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+
+# name -> module whose `main(args)` runs it (imported only when chosen: they pull in torch)
+BENCHMARKS = {
+    "engine": "tracerl.bench.engine",
+    "gateway": "tracerl.bench.gateway",
+    "gae": "tracerl.bench.gae",
+    "faults": "tracerl.bench.faults",
+    "concurrency": "tracerl.bench.concurrency",
+    "loop": "tracerl.bench.loop",
+}
 
 
 def run_benchmark(name: str, args: argparse.Namespace) -> int:
-    if name == "concurrency":
-        from tracerl.bench.concurrency import main as concurrency_main
-
-        return concurrency_main(args)
-    if name == "engine":
-        from tracerl.bench.engine import main
-
-        return main(args)
-    if name == "faults":
-        from tracerl.bench.faults import main as faults_main
-
-        return faults_main(args)
-    if name == "gae":
-        from tracerl.bench.gae import main as gae_main
-
-        return gae_main(args)
-    if name == "gateway":
-        from tracerl.bench.gateway import main as gateway_main
-
-        return gateway_main(args)
-    raise ValueError(f"unknown benchmark {name!r}")
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    code: int = importlib.import_module(BENCHMARKS[name]).main(args)
+    return code

@@ -8,17 +8,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from tracerl.bench import BENCHMARKS
 from tracerl.config import (
     ConfigError,
     EngineCommandConfig,
     GatewayCommandConfig,
     ServeConfig,
+    TrainCommandConfig,
     field_help,
     load_config,
     save_resolved_config,
 )
 
-BENCHMARKS = ("engine", "gateway", "gae", "faults", "concurrency")
 
 
 def _config_epilog(cls: Any) -> str:
@@ -101,6 +102,25 @@ def _set(target: dict[str, Any], key: str, value: Any) -> None:
         target[key] = value
 
 
+def _cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    from tracerl.cli.train import prepare_run_dir, run_train
+
+    config = load_config(TrainCommandConfig, args.config, overrides)
+    run_dir = prepare_run_dir(args.config, args.run_dir, args.resume)
+    save_resolved_config(config, str(run_dir))
+    return run_train(config, run_dir, resume=args.resume)
+
+
+def _cmd_plot(args: argparse.Namespace, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"plot takes no overrides, got {overrides}")
+    from tracerl.run.plot import plot_run
+
+    for path in plot_run(args.run_dir):
+        print(path)
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     if overrides:
         raise ConfigError(f"bench takes no overrides, got {overrides}")
@@ -162,8 +182,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_cmd_serve)
 
+    train = sub.add_parser(
+        "train",
+        help="the RL loop: rollouts through the gateway, trainer, weight sync",
+        description="Train a policy with RL: tasks from the dataset are played by the "
+        "environment through the trace-recording gateway, rewarded, and trained on; new "
+        "weights go to the engine after every step. Ctrl-C checkpoints and stops cleanly.",
+        epilog=_config_epilog(TrainCommandConfig),
+        formatter_class=fmt,
+    )
+    train.add_argument("config", help="TOML config file (see examples/)")
+    train.add_argument(
+        "--run-dir", help="run directory (default: runs/<config name>); must be new or --resume"
+    )
+    train.add_argument(
+        "--resume", action="store_true", help="continue the run directory's last checkpoint"
+    )
+    train.set_defaults(func=_cmd_train)
+
+    plot = sub.add_parser("plot", help="PNG charts of a run (reward, losses, KL, throughput)")
+    plot.add_argument("run_dir", help="a run directory with metrics.jsonl")
+    plot.set_defaults(func=_cmd_plot)
+
     bench = sub.add_parser("bench", help="run a benchmark; the last line is one JSON object")
-    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("name", choices=list(BENCHMARKS))
     bench.add_argument("--model", default="smollm2-135m", help="model to benchmark")
     bench.add_argument(
         "--requests", type=int, default=48, help="requests per round in the 16-concurrent run"

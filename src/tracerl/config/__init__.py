@@ -22,6 +22,8 @@ from tracerl.config.engine import (
 )
 from tracerl.config.gateway import GatewayCommandConfig, GatewayConfig, ServeConfig
 from tracerl.config.pool import PoolConfig
+from tracerl.config.run import LoggingConfig, LoopConfig, TrainCommandConfig
+from tracerl.config.train import TrainerConfig
 
 __all__ = [
     "ConcurrencyConfig",
@@ -31,12 +33,16 @@ __all__ = [
     "EngineConfig",
     "GatewayCommandConfig",
     "GatewayConfig",
+    "LoggingConfig",
+    "LoopConfig",
     "OrchestratorConfig",
     "PoolConfig",
     "ServeConfig",
     "ServerConfig",
     "SimEngineConfig",
     "SimFaults",
+    "TrainCommandConfig",
+    "TrainerConfig",
     "field_help",
     "load_config",
     "parse_overrides",

@@ -248,6 +248,14 @@ class SimEngine:
         self.weight_version = weight_version
         self._publish()
 
+    async def update_weights(self, named_tensors: Any, weight_version: int) -> None:
+        """An in-process weight push: takes the simulated load time, keeps no tensors."""
+        if self.config.faults.fail_weight_updates:
+            raise WeightLoadError("simulated failure to load weights")
+        await asyncio.sleep(WEIGHT_UPDATE_S / self.config.time_scale)
+        self.weight_version = weight_version
+        self._publish()
+
     async def health(self) -> bool:
         return True
 

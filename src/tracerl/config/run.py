@@ -1,0 +1,91 @@
+"""Configuration of `tracerl train CONFIG.toml`: the RL loop and everything it starts.
+
+One model name (`trainer.model`) drives the embedded engine, the gateway's tokenizer and the
+trainer; sections for the engine and gateway hold only what is theirs. No torch here.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from tracerl.config.base import Config
+from tracerl.config.control import OrchestratorConfig
+from tracerl.config.engine import EngineConfig
+from tracerl.config.envs import DatasetConfig, EnvConfig
+from tracerl.config.pool import PoolConfig
+from tracerl.config.train import TrainerConfig
+
+
+class LoopConfig(Config):
+    steps: int = Field(default=20, ge=1)
+    """Training steps to run (a resumed run continues up to this many in total)."""
+    max_off_policy_steps: int = Field(default=1, ge=0)
+    """How many weight versions a trajectory may lag the step that trains on it; older ones are
+    dropped and counted. 0 is synchronous: rollouts for step n+1 start after step n's weights
+    are in the engines."""
+    episode_timeout_s: float = Field(default=600.0, gt=0)
+    """An episode running longer fails (with its reason) and never reaches the trainer."""
+    checkpoint_every: int = Field(default=1, ge=1)
+    """Save a checkpoint every this many steps (and at the end, and on Ctrl-C)."""
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate on the eval dataset every this many steps (0: never); eval is never trained on."""
+    eval_samples: int = Field(default=1, ge=1)
+    """Samples per eval task (their mean reward is the task's score)."""
+    seed: int = 0
+    """Seeds episode sampling seeds and the dataset order (with the dataset's own seed)."""
+
+
+class LoggingConfig(Config):
+    progress: bool = True
+    """A live progress line on the terminal (step, reward, tokens/s, in-flight cap, ETA)."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files under RUN_DIR/tensorboard (needs `tensorboard`)."""
+    wandb_project: str | None = None
+    """Also log to this Weights & Biases project (needs `wandb` and a login)."""
+
+
+class TrainCommandConfig(Config):
+    """`tracerl train`: dataset -> dispatcher -> environments through the gateway -> traces ->
+    rewards -> trainer -> weight sync, step after step."""
+
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    env: EnvConfig = Field(default_factory=lambda: _default_env())
+    dataset: DatasetConfig = Field(default_factory=lambda: DatasetConfig(generate="arithmetic"))
+    eval_dataset: DatasetConfig | None = None
+    """Held-out tasks for `loop.eval_every`; unset with eval_every > 0 is a config error."""
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    loop: LoopConfig = Field(default_factory=LoopConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """The embedded inference engine (its `model` is always `trainer.model`)."""
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    system_prompt: str | None = None
+    """Prepended by the gateway to every session (recorded like any prompt token)."""
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.loop.eval_every and self.eval_dataset is None:
+            raise ValueError("loop.eval_every is set but eval_dataset is not")
+        if self.engine.model != self.trainer.model:
+            if "model" in self.engine.model_fields_set:
+                raise ValueError(
+                    f"engine.model ({self.engine.model!r}) differs from trainer.model "
+                    f"({self.trainer.model!r}): the engine serves the trained policy"
+                )
+            self.engine = self.engine.model_copy(update={"model": self.trainer.model})
+        sampling = getattr(self.env, "sampling", None)
+        if sampling is not None and sampling.temperature != self.trainer.temperature:
+            raise ValueError(
+                f"env.sampling.temperature ({sampling.temperature}) differs from "
+                f"trainer.temperature ({self.trainer.temperature}): log-probs are recomputed "
+                "at the rollout temperature, so they must match"
+            )
+        return self
+
+
+def _default_env() -> EnvConfig:
+    from tracerl.config.envs import ArithmeticEnvConfig
+
+    return ArithmeticEnvConfig()

@@ -1,0 +1,439 @@
+"""The RL loop: everything `tracerl train` runs, in one process on one machine.
+
+Start-up: the trainer (actor, critic or reference as configured) and, on `--resume`, its newest
+checkpoint with the loop's state; the embedded engine behind an `EnginePool` (given the trainer's
+weights when resuming); the gateway on 127.0.0.1 writing `RUN_DIR/traces.sqlite`; the
+environment, the dataset (at its saved position), the dispatcher with the adaptive concurrency
+controller and the metrics collector.
+
+Rollouts: a feeder draws tasks and submits `group_size` episodes per task to the dispatcher, as
+long as fewer than `groups_per_step x (1 + max_off_policy_steps)` groups are outstanding (in
+flight or ready), so rollouts for the next steps run while a step trains. Each episode is a
+gateway session played by the environment (`tracerl.run.rollouts`).
+
+A step: take `batch_size / group_size` ready groups whose samples are at most
+`max_off_policy_steps` weight versions old (older ones are dropped and counted; the trainer's TIS
+corrects what remains), train on them in a worker thread (the event loop keeps serving the
+gateway and the engine), push the new weights to the engines through the pool (version = step),
+checkpoint, then log. Synchronous mode (`max_off_policy_steps = 0`) stops admissions and sheds
+what is in flight while a step trains, so every trajectory comes from the current weights.
+
+Checkpoints are written before a step's metrics line, so a logged step always has one; a
+`kill -9` loses at most the step in progress (a resumed run drops any later lines from
+`metrics.jsonl`), and never a committed trace. Ctrl-C (SIGINT/SIGTERM) stops admissions, cancels
+the episodes in flight, checkpoints the last finished step, and closes engines and the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tracerl.config import ConfigError
+from tracerl.config.run import TrainCommandConfig
+from tracerl.control.collector import MetricsCollector
+from tracerl.control.controller import ConcurrencyController, Kind
+from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode
+from tracerl.control.dispatcher import EpisodeResult as DispatchResult
+from tracerl.envs import EpisodeResult, load_dataset, make_environment
+from tracerl.run.metrics import MetricsLog, Progress, truncate_metrics
+from tracerl.run.rollouts import EpisodeRunner, GroupBuffer, Rollout
+
+log = logging.getLogger(__name__)
+
+
+class RLLoop:
+    def __init__(
+        self,
+        config: TrainCommandConfig,
+        run_dir: Path,
+        resume: bool = False,
+        engines: dict[str, Any] | None = None,
+    ) -> None:
+        """`engines`: in-process engine objects to use instead of the embedded one (the
+        benchmarks pass simulated engines); each must take weights in process
+        (`update_weights(named_tensors, version)`)."""
+        self.config = config
+        self._given_engines = engines
+        self.run_dir = run_dir
+        self.resume = resume
+        orch = config.orchestrator
+        self.groups_per_step = orch.batch_size // orch.group_size
+        self.step = 0
+        self.counters: Counter[str] = Counter()
+        self._stop = asyncio.Event()
+        self._room = asyncio.Event()  # a group may be submitted
+        self._ready = asyncio.Event()  # a group became ready
+        self._gate = asyncio.Event()  # admissions open (closed while a sync step trains)
+        self._gate.set()
+        self._submitted = 0
+        self._episodes = 0
+        self._cancelled_groups: set[int] = set()
+        self._eval: dict[int, list[Rollout]] = {}
+        self._eval_pending: dict[int, int] = {}
+        self._tokens = 0
+        self._training = False
+        self.closers: list[Any] = []
+
+    # ------------------------------------------------------------------ start-up
+
+    async def _start(self) -> None:
+        from tracerl.engine.local import LocalEngine
+        from tracerl.engine.server import start_server
+        from tracerl.gateway.server import Gateway
+        from tracerl.gateway.store import SQLiteTraceStore
+        from tracerl.rollout.pool import EnginePool, Member
+        from tracerl.train.checkpoint import CheckpointError
+        from tracerl.train.trainer import Trainer
+
+        c = self.config
+        self.trainer = await asyncio.to_thread(Trainer, c.trainer)
+        loop_state: dict[str, Any] = {}
+        checkpoints = self.run_dir / "checkpoints"
+        if self.resume:
+            try:
+                state = await asyncio.to_thread(self.trainer.load_checkpoint, checkpoints)
+            except CheckpointError as e:  # a different config, or a torn write: never partial
+                raise ConfigError(f"--resume: {e}") from None
+            loop_state = state if isinstance(state, dict) else {}
+            self.step = int(loop_state.get("step", self.trainer.step_count))
+            self.counters.update(loop_state.get("counters", {}))
+            dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+            log.info("resumed at step %d (%d later metric lines dropped)", self.step, dropped)
+        self.engines = self._given_engines or {"local": LocalEngine(c.engine)}
+        for engine in self.engines.values():
+            await engine.start()
+            self.closers.append(engine.close)
+            if self.step:  # engines start from the base weights: give them the trained ones
+                await engine.update_weights(self.trainer.actor_named_tensors(), self.step)
+        self.pool = EnginePool([Member(n, e) for n, e in self.engines.items()], c.pool)
+        await self.pool.start()
+        self.closers.append(self.pool.close)
+        self.store = SQLiteTraceStore(self.run_dir / "traces.sqlite")
+        self.closers.append(self.store.close)
+        info = await self.pool.model_info()
+        tokenizer = self.trainer.tokenizer
+        self.gateway = Gateway(
+            self.pool,
+            tokenizer,
+            self.store,
+            model_name=c.trainer.model,
+            eos_ids=set(info.get("eos_token_ids") or [tokenizer.eos_token_id]),
+            system_prompt=c.system_prompt,
+        )
+        runner, port = await start_server(
+            self.gateway.app(), "127.0.0.1", 0, cancel_on_disconnect=False
+        )
+        self.closers.append(runner.cleanup)
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        self.env = make_environment(c.env)
+        self.dataset = load_dataset(c.dataset, self.env.task_fields)
+        if "dataset" in loop_state:
+            self.dataset.load_state_dict(loop_state["dataset"])
+        self.eval_dataset = (
+            load_dataset(c.eval_dataset, self.env.task_fields) if c.eval_dataset else None
+        )
+        self.runner = EpisodeRunner(
+            self.env,
+            self.gateway_url,
+            self.gateway.admin_key,
+            self.store,
+            timeout_s=c.loop.episode_timeout_s,
+            model=c.trainer.model,
+        )
+        self.closers.append(self.runner.close)
+        self.buffer = GroupBuffer(
+            c.orchestrator.group_size,
+            filter_uniform=c.trainer.algorithm != "ppo" and c.trainer.filter_uniform_groups,
+        )
+        self.buffer.counters.update(loop_state.get("buffer", {}))
+        self._group_counter = int(loop_state.get("groups", 0))
+        concurrency = c.orchestrator.concurrency
+        self.dispatcher = Dispatcher(
+            self._run_episode,
+            cap=concurrency.initial_inflight or concurrency.min_inflight,
+            group_size=c.orchestrator.group_size,
+            on_complete=self._on_complete,
+        )
+        self.controller = ConcurrencyController(
+            concurrency,
+            set_limit=self.dispatcher.set_limit,
+            on_overload=self.dispatcher.shed,
+            get_inflight=lambda: self.dispatcher.inflight,
+            get_eval_share=self.dispatcher.eval_share,
+        )
+        self.collector = MetricsCollector(
+            self.engines,
+            self.controller.observe,
+            interval_s=concurrency.poll_interval_s,
+            timeout_s=concurrency.poll_timeout_s,
+        )
+        await self.collector.poll_once()  # capacity first: the bootstrap needs it
+        self.collector.start()
+        self.closers.append(self.collector.stop)
+        self.metrics = MetricsLog(self.run_dir, c.logging, c.model_dump(mode="json"))
+        self.closers.append(self.metrics.close)
+        self.progress = Progress(c.loop.steps, c.logging.progress)
+        print(
+            f"tracerl train: {c.trainer.algorithm} on {c.trainer.model}, env {self.env.name}, "
+            f"{c.loop.steps} steps of {c.orchestrator.batch_size} trajectories "
+            f"(groups of {c.orchestrator.group_size}), run dir {self.run_dir}, "
+            f"gateway {self.gateway_url}" + (f", resumed at step {self.step}" if self.step else ""),
+            flush=True,
+        )
+
+    # ------------------------------------------------------------------ episodes
+
+    async def _run_episode(self, episode: Episode) -> tuple[Rollout, int]:
+        task, group, seed = episode.payload
+        rollout = await self.runner.run(task, group, episode.kind, seed)
+        return rollout, rollout.tokens
+
+    def _on_complete(self, result: DispatchResult) -> None:
+        ep = result.episode
+        _, group, _ = ep.payload
+        kind: Kind = "eval" if ep.kind == "eval" else "train"
+        self.controller.on_episode_complete(
+            ep.env, kind, result.tokens, result.duration_s, asyncio.get_running_loop().time()
+        )
+        if result.cancelled:
+            if kind == "train":
+                self.buffer.cancel(group)
+                self._cancelled_groups.add(group)
+            self._room.set()
+            return
+        if result.error is not None:  # the runner itself failed (gateway, store): a record
+            log.warning("episode %s failed: %r", ep.episode_id, result.error)
+            reason = f"{type(result.error).__name__}: {result.error}"
+            rollout = Rollout(group, kind, EpisodeResult(None, failed=True, reason=reason))
+        else:
+            rollout = result.value
+        self._tokens += rollout.tokens
+        if kind == "eval":
+            self._eval.setdefault(group, []).append(rollout)
+            return
+        if group in self._cancelled_groups:
+            return
+        before = len(self.buffer.ready)
+        self.buffer.add(rollout)
+        if len(self.buffer.ready) > before:
+            self._ready.set()
+        self._room.set()
+
+    def _outstanding(self) -> int:
+        return len(self.buffer.pending) + len(self.buffer.ready)
+
+    async def _feed(self) -> None:
+        c = self.config
+        ahead = self.groups_per_step * (1 + c.loop.max_off_policy_steps)
+        while not self._stop.is_set():
+            await self._gate.wait()
+            if self._outstanding() >= ahead:
+                self._room.clear()
+                await self._room.wait()
+                continue
+            item = self.dataset.next()
+            group = self._group_counter
+            self._group_counter += 1
+            for k in range(c.orchestrator.group_size):
+                seed = c.loop.seed * 1_000_003 + group * 1_009 + k
+                episode = Episode(
+                    f"g{group}-{k}",
+                    f"g{group}",
+                    env=self.env.name,
+                    kind="train",
+                    payload=(item.task, group, seed),
+                )
+                try:
+                    await self.dispatcher.submit(episode)
+                except DispatcherClosed:
+                    return
+                if k == 0:  # counted as outstanding from its first episode on
+                    self.buffer.open(group)
+
+    async def _evaluate(self, step: int) -> None:
+        assert self.eval_dataset is not None
+        c = self.config
+        groups = []
+        for index in range(len(self.eval_dataset)):
+            group = -(step * 1_000_000 + index + 1)  # negative: never a training group
+            groups.append(group)
+            for k in range(c.loop.eval_samples):
+                episode = Episode(
+                    f"eval{step}-{index}-{k}",
+                    f"eval{step}-{index}",
+                    env=self.env.name,
+                    kind="eval",
+                    payload=(self.eval_dataset[index], group, c.loop.seed + k),
+                )
+                try:
+                    await self.dispatcher.submit(episode)
+                except DispatcherClosed:
+                    return
+        while sum(len(self._eval.get(g, [])) for g in groups) < len(groups) * c.loop.eval_samples:
+            await asyncio.sleep(0.05)
+        rollouts = [r for g in groups for r in self._eval.pop(g, [])]
+        good = [r.result.reward for r in rollouts if r.ok and r.result.reward is not None]
+        record: dict[str, Any] = {
+            "step": step,
+            "eval/reward_mean": statistics.fmean(good) if good else float("nan"),
+            "eval/episodes": len(rollouts),
+            "eval/failed": len(rollouts) - len(good),
+        }
+        self.metrics.log(record)
+        print(
+            f"eval at step {step}: reward {record['eval/reward_mean']:.3f} over "
+            f"{len(good)} episodes ({record['eval/failed']} failed)",
+            flush=True,
+        )
+
+    # ------------------------------------------------------------------ steps
+
+    async def _step(self) -> dict[str, Any]:
+        c = self.config
+        step = self.step + 1
+        min_version = step - 1 - c.loop.max_off_policy_steps
+        waited = time.monotonic()
+        while self.buffer.fresh_ready(min_version) < self.groups_per_step:
+            self._ready.clear()
+            if self._stop.is_set():
+                raise asyncio.CancelledError
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._ready.wait()
+        wait_s = time.monotonic() - waited
+        groups = self.buffer.take(self.groups_per_step, min_version)
+        if c.loop.max_off_policy_steps == 0:  # synchronous: nothing runs on old weights
+            self._gate.clear()
+            self.dispatcher.shed(self.dispatcher.inflight)
+        samples = [s for g in groups for r in g.rollouts for s in r.samples]
+        rollouts = [r for g in groups for r in g.rollouts]
+        started = time.monotonic()
+        self._training = True  # from here the step completes even if a stop is asked
+        try:
+            metrics = await asyncio.to_thread(self.trainer.step, samples)
+            train_s = time.monotonic() - started
+            synced = time.monotonic()
+            await self.pool.update_weights(None, step, self.trainer.actor_named_tensors())
+            sync_s = time.monotonic() - synced
+        finally:
+            self._training = False
+        self.step = step
+        self.controller.on_step(step, asyncio.get_running_loop().time())
+        self._gate.set()
+        self._room.set()
+        rewards = [r.result.reward for r in rollouts if r.result.reward is not None]
+        record: dict[str, Any] = {**metrics, "step": step}
+        record.update(
+            {
+                "rollout/reward_mean": statistics.fmean(rewards),
+                "rollout/reward_std": statistics.pstdev(rewards),
+                "rollout/episodes": len(rollouts),
+                "rollout/samples": len(samples),
+                "rollout/completion_tokens_mean": statistics.fmean(r.tokens for r in rollouts),
+                "rollout/sample_tokens_mean": statistics.fmean(len(s.token_ids) for s in samples),
+                "rollout/staleness_mean": statistics.fmean(
+                    step - 1 - s.weight_version for s in samples
+                ),
+                "rollout/staleness_max": max(step - 1 - s.weight_version for s in samples),
+                "time/wait_rollouts_s": wait_s,
+                "time/train_s": train_s,
+                "time/weight_sync_s": sync_s,
+            }
+        )
+        return record
+
+    def _loop_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "dataset": self.dataset.state_dict(),
+            "groups": self._group_counter,
+            "buffer": dict(self.buffer.counters),
+            "counters": dict(self.counters),
+            "controller": self.controller.gauges(),
+        }
+
+    async def _checkpoint(self) -> None:
+        await asyncio.to_thread(
+            self.trainer.save_checkpoint, self.run_dir / "checkpoints", self._loop_state()
+        )
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._stop.set)
+        try:
+            await self._start()
+            feeder = asyncio.create_task(self._feed())
+            evals: list[asyncio.Task[None]] = []
+            last_saved = self.step
+            started, last_tokens, last_at = time.monotonic(), self._tokens, time.monotonic()
+            stopper = asyncio.create_task(self._stop.wait())
+            try:
+                while self.step < self.config.loop.steps:
+                    step_task = asyncio.create_task(self._step())
+                    await asyncio.wait({step_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    if not step_task.done():
+                        if not self._training:  # stopped while waiting for rollouts
+                            step_task.cancel()
+                            await asyncio.gather(step_task, return_exceptions=True)
+                            break
+                        await step_task  # a step being trained finishes, and is kept
+                    record = step_task.result()
+                    now = time.monotonic()
+                    record["rollout/tokens_per_s"] = (self._tokens - last_tokens) / (now - last_at)
+                    record["time/step_s"] = now - last_at
+                    last_tokens, last_at = self._tokens, now
+                    record.update(self.controller.gauges())
+                    record["concurrency/inflight"] = self.dispatcher.inflight
+                    record.update({f"loop/{k}": v for k, v in self.buffer.counters.items()})
+                    if self.step % self.config.loop.checkpoint_every == 0:
+                        await self._checkpoint()
+                        last_saved = self.step
+                    self.metrics.log(record)
+                    self.progress.update(self.step, record)
+                    every = self.config.loop.eval_every
+                    if every and self.step % every == 0:
+                        evals.append(asyncio.create_task(self._evaluate(self.step)))
+                    if self._stop.is_set():
+                        break
+                if evals and not self._stop.is_set():  # a finished run reports its last eval
+                    pending = {task for task in evals if not task.done()}
+                    if pending:
+                        await asyncio.wait({*pending, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                        if not stopper.done():
+                            await asyncio.wait(pending)
+            finally:
+                stopper.cancel()
+                self._stop.set()
+                self._room.set()
+                self._gate.set()
+                await self.dispatcher.close()
+                feeder.cancel()
+                for task in evals:
+                    task.cancel()
+                await asyncio.gather(feeder, *evals, return_exceptions=True)
+                if self.step != last_saved:
+                    await self._checkpoint()
+            print(
+                f"stopped at step {self.step} after {time.monotonic() - started:.0f} s; "
+                f"checkpoint {self.run_dir / 'checkpoints'}",
+                flush=True,
+            )
+            return 0 if self.step >= self.config.loop.steps else 130
+        finally:
+            for close in reversed(self.closers):
+                try:
+                    outcome = close()
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                except Exception:
+                    log.exception("closing %r failed", close)

@@ -1,0 +1,144 @@
+"""Where step metrics go: `metrics.jsonl` in the run directory (always), TensorBoard and Weights &
+Biases (when configured), and a progress line on the terminal.
+
+`metrics.jsonl` holds one JSON object per line with at least `step`; a resumed run first drops
+the lines of steps after its checkpoint (they were never checkpointed, so they will run again),
+so the file never holds a step twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tracerl.config import ConfigError
+from tracerl.config.run import LoggingConfig
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep only the lines of steps <= `last_step` (and unreadable tails are cut); returns how
+    many lines were dropped."""
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            dropped += 1  # a line torn by a kill mid-write
+            continue
+        if int(record.get("step", 0)) <= last_step:
+            kept.append(line)
+        else:
+            dropped += 1
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    tmp.replace(path)
+    return dropped
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+class MetricsLog:
+    def __init__(self, run_dir: Path, config: LoggingConfig, run_config: dict[str, Any]) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self._file = self.path.open("a")
+        self._tb: Any = None
+        self._wandb: Any = None
+        if config.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ConfigError(
+                    f"logging.tensorboard: needs the tensorboard package ({e})"
+                ) from None
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+        if config.wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                raise ConfigError(
+                    "logging.wandb_project: needs the wandb package (pip install wandb)"
+                ) from None
+            self._wandb = wandb.init(
+                project=config.wandb_project,
+                dir=str(run_dir),
+                config=run_config,
+                name=run_dir.name,
+                resume="allow",
+            )
+
+    def log(self, record: dict[str, Any]) -> None:
+        clean = {k: _finite(v) for k, v in record.items()}
+        self._file.write(json.dumps(clean) + "\n")
+        self._file.flush()
+        step = int(record["step"])
+        numbers = {k: v for k, v in clean.items() if isinstance(v, int | float) and k != "step"}
+        if self._tb is not None:
+            for key, value in numbers.items():
+                if value is not None:
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(numbers, step=step)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; a missing figure reads as null
+    return value
+
+
+class Progress:
+    """One status line per event; redrawn in place on a terminal."""
+
+    def __init__(self, total_steps: int, enabled: bool) -> None:
+        self.total = total_steps
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.started = time.monotonic()
+        self.first_step: int | None = None
+
+    def update(self, step: int, record: dict[str, Any], final: bool = False) -> None:
+        if not self.enabled:
+            return
+        if self.first_step is None:
+            self.first_step = step - 1
+        done = step - self.first_step
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / done * (self.total - step) if done > 0 else 0.0
+        line = (
+            f"step {step}/{self.total}  reward {record.get('rollout/reward_mean', 0.0):.3f}  "
+            f"tok/s {record.get('rollout/tokens_per_s', 0.0):.0f}  "
+            f"cap {int(record.get('concurrency/cap', 0))}  "
+            f"elapsed {_clock(elapsed)}  eta {_clock(eta)}"
+        )
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K" + line + ("\n" if final else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -1,0 +1,198 @@
+"""Episodes and groups as the loop sees them: one episode = one gateway session, one
+environment run, one trace read back from the store, and the training samples it yields.
+
+`EpisodeRunner.run` opens a session over HTTP with the admin key (exactly as an external
+orchestrator would), runs the environment under its timeout, closes the session, reads the
+session's trace from the store and scores it when the environment left the reward to its
+`reward_fn`. Every recorded trajectory of the session becomes a `TrainSample` carrying the
+episode's reward, the group id and the oldest weight version among its turns. Failed episodes
+come back as records with their reason and no samples.
+
+`GroupBuffer` gathers the k episodes of each prompt; a group is ready when all of them ended.
+Failed episodes are dropped from their group (counted); a group left with fewer than two
+successful episodes cannot form a baseline and is dropped; group-baseline methods drop groups
+whose rewards are all equal (counted; PPO keeps them, its critic learns from every reward).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from tracerl.envs import Environment, EpisodeResult, Session, Task, run_episode, score_trace
+from tracerl.gateway.schema import SessionTrace
+from tracerl.gateway.store import SQLiteTraceStore
+from tracerl.train.batch import TrainSample
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Rollout:
+    """One ended episode."""
+
+    group: int
+    kind: str
+    result: EpisodeResult
+    samples: list[TrainSample] = field(default_factory=list)
+    tokens: int = 0
+    """Sampled (completion) tokens: what the episode cost the engines."""
+    version: int = 0
+    """Oldest weight version that sampled any of its tokens."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.result.failed and self.result.reward is not None and bool(self.samples)
+
+
+def trace_samples(trace: SessionTrace, reward: float, group: int) -> tuple[list[TrainSample], int]:
+    """Every trajectory of `trace` as a sample with `reward`; and the oldest weight version."""
+    samples = []
+    oldest: int | None = None
+    for trajectory in trace.trajectories:
+        turns = [trace.turns[i] for i in trajectory.turn_indices]
+        if not turns or not any(trajectory.loss_mask):
+            continue
+        version = min(
+            t.weight_version if t.weight_version_min is None else t.weight_version_min
+            for t in turns
+        )
+        oldest = version if oldest is None else min(oldest, version)
+        samples.append(
+            TrainSample.from_trajectory(
+                trajectory, reward=reward, group_id=group, weight_version=version
+            )
+        )
+    return samples, oldest or 0
+
+
+class EpisodeRunner:
+    def __init__(
+        self,
+        env: Environment,
+        gateway_url: str,
+        admin_key: str,
+        store: SQLiteTraceStore,
+        *,
+        timeout_s: float,
+        model: str = "policy",
+    ) -> None:
+        self.env = env
+        self.gateway_url = gateway_url
+        self.store = store
+        self.timeout_s = timeout_s
+        self.model = model
+        self._headers = {"Authorization": f"Bearer {admin_key}"}
+        self._http: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    async def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        async with self._http.post(
+            f"{self.gateway_url}{path}", json=body or {}, headers=self._headers
+        ) as resp:
+            payload: dict[str, Any] = await resp.json(content_type=None)
+            if resp.status != 200:
+                raise RuntimeError(f"gateway {path} answered {resp.status}: {payload}")
+            return payload
+
+    async def run(self, task: Task, group: int, kind: str, seed: int) -> Rollout:
+        reply = await self._post("/sessions", {"metadata": {"group": group, "kind": kind}})
+        session = Session.from_gateway(reply, model=self.model, sampling={"seed": seed})
+        try:
+            result = await run_episode(self.env, task, session, self.timeout_s)
+        finally:
+            await self._post(f"/sessions/{session.session_id}/close")
+        trace = await self.store.trace(session.session_id)
+        if trace is None:  # the gateway always creates the session first: a store fault
+            raise RuntimeError(f"session {session.session_id} has no trace in the store")
+        if result.needs_trace_reward:
+            result = score_trace(self.env, task, result, trace)
+        rollout = Rollout(group, kind, result)
+        rollout.tokens = sum(len(t.completion_ids) for t in trace.turns)
+        if not result.failed and result.reward is not None:
+            rollout.samples, rollout.version = trace_samples(trace, result.reward, group)
+            if not rollout.samples:
+                rollout.result = EpisodeResult(
+                    None,
+                    result.metrics,
+                    failed=True,
+                    reason="the episode recorded no sampled tokens",
+                    duration_s=result.duration_s,
+                )
+        return rollout
+
+
+@dataclass
+class Group:
+    group: int
+    size: int
+    rollouts: list[Rollout] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return len(self.rollouts) >= self.size
+
+
+class GroupBuffer:
+    """Completed groups, ready for the trainer, in completion order."""
+
+    def __init__(self, group_size: int, filter_uniform: bool) -> None:
+        self.group_size = group_size
+        self.filter_uniform = filter_uniform
+        self.pending: dict[int, Group] = {}
+        self.ready: list[Group] = []
+        self.counters: Counter[str] = Counter()
+
+    def open(self, group: int) -> None:
+        """A group's first episode was submitted: it is outstanding from now on."""
+        self.pending.setdefault(group, Group(group, self.group_size))
+
+    def add(self, rollout: Rollout) -> None:
+        group = self.pending.setdefault(rollout.group, Group(rollout.group, self.group_size))
+        group.rollouts.append(rollout)
+        if not rollout.ok:
+            self.counters["episodes_failed"] += 1
+            log.info("episode of group %d failed: %s", rollout.group, rollout.result.reason)
+        if not group.done:
+            return
+        del self.pending[rollout.group]
+        good = [r for r in group.rollouts if r.ok]
+        if len(good) < 2:
+            self.counters["groups_dropped_failed"] += 1
+            return
+        rewards = {r.result.reward for r in good}
+        if self.filter_uniform and len(rewards) == 1:
+            self.counters["groups_uniform"] += 1
+            return
+        group.rollouts = good
+        self.ready.append(group)
+
+    def cancel(self, group: int) -> None:
+        """A group whose episodes were cancelled (shed, or the loop stopping) never completes."""
+        if self.pending.pop(group, None) is not None:
+            self.counters["groups_cancelled"] += 1
+
+    def take(self, groups: int, min_version: int) -> list[Group]:
+        """Up to `groups` ready groups whose every sample is at `min_version` or newer; staler
+        ones are dropped and counted (async off-policy bound)."""
+        taken: list[Group] = []
+        while self.ready and len(taken) < groups:
+            group = self.ready.pop(0)
+            if min(r.version for r in group.rollouts) < min_version:
+                self.counters["groups_stale"] += 1
+                continue
+            taken.append(group)
+        return taken
+
+    def fresh_ready(self, min_version: int) -> int:
+        return sum(1 for g in self.ready if min(r.version for r in g.rollouts) >= min_version)
