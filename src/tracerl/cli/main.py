@@ -21,7 +21,6 @@ from tracerl.config import (
 )
 
 
-
 def _config_epilog(cls: Any) -> str:
     rows = field_help(cls)
     width = max(len(path) for path, *_ in rows)
