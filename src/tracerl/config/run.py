@@ -30,7 +30,8 @@ class LoopConfig(Config):
     checkpoint_every: int = Field(default=1, ge=1)
     """Save a checkpoint every this many steps (and at the end, and on Ctrl-C)."""
     eval_every: int = Field(default=0, ge=0)
-    """Evaluate on the eval dataset every this many steps (0: never); eval is never trained on."""
+    """Evaluate on the eval dataset before the first step and every this many steps (0: never);
+    eval episodes are never trained on."""
     eval_samples: int = Field(default=1, ge=1)
     """Samples per eval task (their mean reward is the task's score)."""
     seed: int = 0

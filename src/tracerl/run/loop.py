@@ -377,6 +377,8 @@ class RLLoop:
             last_saved = self.step
             started, last_tokens, last_at = time.monotonic(), self._tokens, time.monotonic()
             stopper = asyncio.create_task(self._stop.wait())
+            if self.config.loop.eval_every and self.step == 0:  # the untrained baseline
+                evals.append(asyncio.create_task(self._evaluate(0)))
             try:
                 while self.step < self.config.loop.steps:
                     step_task = asyncio.create_task(self._step())
