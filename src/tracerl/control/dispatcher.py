@@ -132,12 +132,13 @@ class Dispatcher:
         self._changed.set()
         self.on_complete(result)
 
-    def shed(self, count: int) -> list[str]:
-        """Cancel `count` episodes, youngest groups first (a group is as old as its oldest
-        member: long-running groups carry the most sunk cost)."""
+    def shed(self, count: int, kind: str | None = None) -> list[str]:
+        """Cancel `count` episodes (of `kind` only, when given), youngest groups first (a group
+        is as old as its oldest member: long-running groups carry the most sunk cost)."""
         groups: dict[str, float] = {}
         for episode, started, _ in self._running.values():
-            groups[episode.group] = min(groups.get(episode.group, started), started)
+            if kind is None or episode.kind == kind:
+                groups[episode.group] = min(groups.get(episode.group, started), started)
         victims: list[str] = []
         for group in sorted(groups, key=lambda g: groups[g], reverse=True):
             members = [(eid, s) for eid, (e, s, _) in self._running.items() if e.group == group]

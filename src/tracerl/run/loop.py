@@ -205,9 +205,12 @@ class RLLoop:
             ep.env, kind, result.tokens, result.duration_s, asyncio.get_running_loop().time()
         )
         if result.cancelled:
-            if kind == "train":
-                self.buffer.cancel(group)
-                self._cancelled_groups.add(group)
+            if kind == "eval":  # shed under overload: the eval still ends, with a record
+                failed = EpisodeResult(None, failed=True, reason="cancelled (shed)")
+                self._eval.setdefault(group, []).append(Rollout(group, kind, failed))
+                return
+            self.buffer.cancel(group)
+            self._cancelled_groups.add(group)
             self._room.set()
             return
         if result.error is not None:  # the runner itself failed (gateway, store): a record
@@ -313,7 +316,7 @@ class RLLoop:
         groups = self.buffer.take(self.groups_per_step, min_version)
         if c.loop.max_off_policy_steps == 0:  # synchronous: nothing runs on old weights
             self._gate.clear()
-            self.dispatcher.shed(self.dispatcher.inflight)
+            self.dispatcher.shed(self.dispatcher.inflight, kind="train")
         samples = [s for g in groups for r in g.rollouts for s in r.samples]
         rollouts = [r for g in groups for r in g.rollouts]
         started = time.monotonic()

@@ -88,6 +88,22 @@ async def test_shedding_takes_the_youngest_groups_first() -> None:
     await d.drain()
 
 
+async def test_shedding_can_spare_another_kind() -> None:
+    async def run(ep: Episode) -> tuple[None, int]:
+        await asyncio.Event().wait()
+        return None, 0
+
+    d = Dispatcher(run, cap=10, group_size=10)
+    await d.submit(Episode("t0", "train0"))
+    await d.submit(Episode("e0", "eval0", kind="eval"))  # the youngest, but not train
+    await d.submit(Episode("t1", "train0"))
+    assert d.shed(5, kind="train") == ["t1", "t0"]
+    await settle()
+    assert d.inflight == 1 and d.inflight_by_kind() == {"eval": 1}
+    d.shed(1)
+    await d.drain()
+
+
 async def test_close_stops_waiting_submitters_and_running_episodes() -> None:
     from tracerl.control.dispatcher import DispatcherClosed
 
