@@ -111,6 +111,34 @@ async def test_eval_runs_on_held_out_tasks(tmp_path: Path) -> None:
     assert all(r["eval/episodes"] == 4 for r in evals)
 
 
+async def test_an_external_agent_trains_and_its_failures_never_reach_the_trainer(
+    tmp_path: Path,
+) -> None:
+    config = tiny_config(
+        "env.name=command",
+        f'env.argv=["{sys.executable}", "{ROOT / "tests" / "agents" / "flaky_agent.py"}"]',
+        "env.timeout_s=60",
+        "loop.steps=2",
+    )
+    assert await RLLoop(config, tmp_path).run() == 0
+    failures = [
+        json.loads(line) for line in (tmp_path / "episodes_failed.jsonl").read_text().splitlines()
+    ]
+    assert failures and all("exit" in f["reason"] and "3" in f["reason"] for f in failures)
+    failed_sessions = {f["session_id"] for f in failures}
+    store = SQLiteTraceStore(tmp_path / "traces.sqlite")
+    try:  # the failed episodes' turns are recorded all the same...
+        for sid in failed_sessions:
+            trace = await store.trace(sid)
+            assert trace is not None and trace.turns
+    finally:
+        await store.close()
+    records = [r for r in metrics(tmp_path) if "rollout/reward_mean" in r]
+    assert records[-1]["loop/episodes_failed"] >= len(failures)
+    # ...but every trained episode printed a reward: 1 / (1 + words) is never 0
+    assert all(0 < r["rollout/reward_mean"] <= 1 for r in records)
+
+
 def _command(run_dir: Path, *args: str) -> list[str]:
     return [
         *(sys.executable, "-m", "tracerl.cli.main", "train", str(TINY)),

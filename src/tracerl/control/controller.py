@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from tracerl.config import ConcurrencyConfig
 
@@ -339,6 +339,31 @@ class ConcurrencyController:
         if cap != self.state.cap:
             self.state.cap = cap
             self.set_limit(cap)
+
+    def state_dict(self) -> dict[str, object]:
+        """What a resumed run needs to continue where this one stood (JSON-able)."""
+        s = self.state
+        return {
+            "cap": s.cap,
+            "kappa": s.kappa,
+            "steps": s.steps,
+            "bootstrapped": s.bootstrapped,
+            "costs": [[env, kind, c.weighted, c.weight] for (env, kind), c in s.costs.items()],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()`: the cap (applied through `set_limit`), kappa, the step
+        count (so a finished freeze stays finished) and the cost estimates. Transient signal
+        state (drain latch, escalation, polls) starts fresh: the engines restarted too."""
+        s = self.state
+        s.kappa = state.get("kappa")
+        s.steps = int(state.get("steps", 0))
+        s.bootstrapped = bool(state.get("bootstrapped", False))
+        for env, kind, weighted, weight in state.get("costs", []):
+            s.costs[(env, kind)] = CostEstimate(weighted=float(weighted), weight=float(weight))
+        if state.get("cap") is not None:
+            s.bootstrapped = True
+            self._apply(int(state["cap"]))
 
     def gauges(self) -> dict[str, float]:
         s = self.state

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 import logging
 import signal
 import statistics
@@ -176,6 +177,8 @@ class RLLoop:
             interval_s=concurrency.poll_interval_s,
             timeout_s=concurrency.poll_timeout_s,
         )
+        if "controller" in loop_state:  # continue at the cap the run had reached
+            self.controller.load_state_dict(loop_state["controller"])
         await self.collector.poll_once()  # capacity first: the bootstrap needs it
         self.collector.start()
         self.closers.append(self.collector.stop)
@@ -220,6 +223,8 @@ class RLLoop:
         else:
             rollout = result.value
         self._tokens += rollout.tokens
+        if rollout.result.failed:
+            self._record_failure(rollout, ep.episode_id)
         if kind == "eval":
             self._eval.setdefault(group, []).append(rollout)
             return
@@ -230,6 +235,20 @@ class RLLoop:
         if len(self.buffer.ready) > before:
             self._ready.set()
         self._room.set()
+
+    def _record_failure(self, rollout: Rollout, episode_id: str) -> None:
+        """Failed episodes never reach the trainer; each is kept, with its reason, in
+        RUN_DIR/episodes_failed.jsonl (its session's turns are in the trace store)."""
+        record = {
+            "step": self.step,
+            "episode": episode_id,
+            "kind": rollout.kind,
+            "session_id": rollout.session_id,
+            "reason": rollout.result.reason,
+            "duration_s": round(rollout.result.duration_s, 3),
+        }
+        with (self.run_dir / "episodes_failed.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
 
     def _outstanding(self) -> int:
         return len(self.buffer.pending) + len(self.buffer.ready)
@@ -361,7 +380,7 @@ class RLLoop:
             "groups": self._group_counter,
             "buffer": dict(self.buffer.counters),
             "counters": dict(self.counters),
-            "controller": self.controller.gauges(),
+            "controller": self.controller.state_dict(),
         }
 
     async def _checkpoint(self) -> None:

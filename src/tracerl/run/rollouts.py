@@ -43,6 +43,7 @@ class Rollout:
     """Sampled (completion) tokens: what the episode cost the engines."""
     version: int = 0
     """Oldest weight version that sampled any of its tokens."""
+    session_id: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -117,7 +118,7 @@ class EpisodeRunner:
             raise RuntimeError(f"session {session.session_id} has no trace in the store")
         if result.needs_trace_reward:
             result = score_trace(self.env, task, result, trace)
-        rollout = Rollout(group, kind, result)
+        rollout = Rollout(group, kind, result, session_id=session.session_id)
         rollout.tokens = sum(len(t.completion_ids) for t in trace.turns)
         if not result.failed and result.reward is not None:
             rollout.samples, rollout.version = trace_samples(trace, result.reward, group)

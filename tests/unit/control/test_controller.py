@@ -298,3 +298,22 @@ def test_bounds_clamp_everything() -> None:
         h.turnover()
     assert h.cap == 5
     assert h.ctl.gauges()["concurrency/cap"] == 5.0
+
+
+def test_state_round_trips_for_resume() -> None:
+    h = Harness(frozen_steps=1)
+    h.poll(capacity=100_000, max_len=4096)  # bootstraps at 24
+    h.complete(tokens=1500)
+    h.ctl.on_step(1, h.now)
+    h.turnover()
+    saved = h.ctl.state_dict()
+    resumed = Harness(frozen_steps=1)
+    resumed.ctl.load_state_dict(saved)
+    assert resumed.cap == h.cap and resumed.limits == [h.cap]
+    assert {k: c.value for k, c in resumed.ctl.state.costs.items()} == {
+        k: c.value for k, c in h.ctl.state.costs.items()
+    }
+    resumed.poll(capacity=400_000, max_len=4096)
+    assert resumed.cap == h.cap  # no second bootstrap, and the freeze stays over
+    resumed.turnover()
+    assert resumed.cap > h.cap
