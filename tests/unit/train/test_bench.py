@@ -1,0 +1,24 @@
+import json
+
+import pytest
+
+from tracerl.bench.train import TARGET_LENGTH_RATIO, main, make_batch
+
+
+def test_the_benchmark_batch_spans_ten_times_in_length() -> None:
+    lengths = [len(s.token_ids) for s in make_batch(12, 20, seed=0, vocab=1000)]
+    assert min(lengths) == 20 and max(lengths) == 20 * TARGET_LENGTH_RATIO
+    assert len(set(lengths)) == 12
+
+
+def test_the_benchmark_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--model", "tiny", "--trajectories", "8", "--shortest", "8", "--rounds", "1"]
+    assert main([*argv, "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["benchmark"] == "train" and result["batching"] == "bucket"
+    assert result["tokens"] < result["padded_tokens"]
+    assert isinstance(result["target_met"], bool)
+    # both layouts computed the same first step from the same weights
+    for batched, padded in result["first_step_losses_batched_padded"].values():
+        assert batched == pytest.approx(padded, rel=1e-4, abs=1e-6)
