@@ -59,6 +59,12 @@ def resolve_batching(batching: str, actor: Any) -> Batching:
 
 
 class Trainer:
+    """Actor, critic (ppo), reference (a KL coefficient set), their optimizers and schedules.
+
+    `device` defaults to CUDA when present. Construction seeds torch's and Python's global
+    generators with `config.seed`; checkpoints save and restore them.
+    """
+
     def __init__(self, config: TrainerConfig, device: str | torch.device | None = None) -> None:
         self.config = config
         self.device = torch.device(
