@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from tracerl.config.train import OptimizerConfig, TrainerConfig
+from tracerl.config.train import CriticOptimizerConfig, OptimizerConfig, TrainerConfig
 from tracerl.train.batch import TrainSample
 from tracerl.train.trainer import Trainer
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             token_budget=args.token_budget,
             batching=batching,
             actor=OptimizerConfig(lr=1e-6),
-            critic=OptimizerConfig(lr=1e-5),
+            critic=CriticOptimizerConfig(lr=1e-5),
         )
         trainers[batching] = Trainer(config, device=args.device)
     vocab = len(trainers["auto"].tokenizer)

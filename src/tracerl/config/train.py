@@ -52,10 +52,12 @@ class OptimizerConfig(Config):
     norms are always skipped."""
 
 
-def _critic_defaults() -> OptimizerConfig:
-    # The critic starts from a random head and must catch up with the returns quickly: a higher
-    # rate than the policy is the usual choice.
-    return OptimizerConfig(lr=5e-6)
+class CriticOptimizerConfig(OptimizerConfig):
+    """The critic's optimisation: the actor's fields, with a higher default rate."""
+
+    lr: float = Field(default=5e-6, gt=0)
+    """Peak learning rate (higher than the actor's: the critic starts from a random head and
+    must catch up with the returns quickly)."""
 
 
 class TrainerConfig(Config):
@@ -75,7 +77,7 @@ class TrainerConfig(Config):
     """Trainer steps the learning-rate schedules span."""
     actor: OptimizerConfig = Field(default_factory=OptimizerConfig)
     """Actor optimisation."""
-    critic: OptimizerConfig = Field(default_factory=_critic_defaults)
+    critic: CriticOptimizerConfig = Field(default_factory=CriticOptimizerConfig)
     """Critic optimisation (ppo only)."""
     token_budget: int = Field(default=8192, ge=2)
     """Tokens per micro-batch; gradients accumulate over micro-batches with one denominator

@@ -37,6 +37,8 @@ def test_every_field_is_documented_and_defaults_are_sane() -> None:
     config = TrainerConfig()
     assert config.gamma == 1.0 and config.algorithm == "ppo" and config.uses_critic
     assert config.critic.lr > config.actor.lr
+    defaults = {path: default for path, _, default, _ in rows}
+    assert defaults["critic.lr"] == repr(config.critic.lr)  # --help shows the real default
     assert not config.uses_reference
 
 
