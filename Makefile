@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench clean
+.PHONY: setup demo chat test lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The main job: GRPO on SmolLM2-135M-Instruct on this CPU (a new run directory each time).
 demo: $(STAMP)
-	$(BIN)/tracerl serve --model smollm2-135m --port 0 --demo --store runs/demo/traces.sqlite
+	$(BIN)/tracerl train examples/quickstart.toml --run-dir runs/quickstart-$$(date +%Y%m%d-%H%M%S)
+
+# One chat turn through the gateway, printed with what the trace recorded.
+chat: $(STAMP)
+	$(BIN)/tracerl serve --model smollm2-135m --port 0 --demo --store runs/chat/traces.sqlite
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests

@@ -14,11 +14,16 @@ BENCHMARKS = {
     "faults": "tracerl.bench.faults",
     "concurrency": "tracerl.bench.concurrency",
     "loop": "tracerl.bench.loop",
+    "train": "tracerl.bench.train",
 }
 
 
 def run_benchmark(name: str, args: argparse.Namespace) -> int:
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
-    code: int = importlib.import_module(BENCHMARKS[name]).main(args)
+    module = importlib.import_module(BENCHMARKS[name])
+    if name == "train":  # it parses its own options (see `python -m tracerl.bench.train -h`)
+        code: int = module.main(["--model", args.model, *(["--quick"] if args.quick else [])])
+    else:
+        code = module.main(args)
     return code

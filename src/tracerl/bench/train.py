@@ -123,3 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result), flush=True)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
