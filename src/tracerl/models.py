@@ -145,6 +145,20 @@ def _build_tiny(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+def read_safetensors(path: Path) -> dict[str, Any]:
+    """Every tensor of the `*.safetensors` files in a Hugging Face model directory (name -> tensor);
+    FileNotFoundError when there are none."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no .safetensors files")
+    tensors: dict[str, Any] = {}
+    for file in files:
+        tensors.update(load_file(file))
+    return tensors
+
+
 def load_model_and_tokenizer(name: str, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
     """Load a causal LM (eval mode) and its tokenizer from a built-in name or directory."""
     import torch

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from tracerl.engine.types import WeightLoadError
+from tracerl.models import read_safetensors
 
 __all__ = ["WeightLoadError", "copy_weights", "read_weights_dir"]
 
@@ -21,13 +21,10 @@ def read_weights_dir(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of the `*.safetensors` files in a Hugging Face model directory."""
     if not path.is_dir():
         raise WeightLoadError(f"model_path {str(path)!r} is not a directory")
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise WeightLoadError(f"model_path {str(path)!r} has no .safetensors files")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(file))
-    return tensors
+    try:
+        return read_safetensors(path)
+    except FileNotFoundError:
+        raise WeightLoadError(f"model_path {str(path)!r} has no .safetensors files") from None
 
 
 def copy_weights(model: Any, tensors: dict[str, torch.Tensor]) -> None:

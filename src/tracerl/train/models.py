@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
-from tracerl.models import resolve_model
+from tracerl.models import read_safetensors, resolve_model
 
 VALUE_HEAD_KEY = "value_head.weight"
 
@@ -173,12 +172,10 @@ def load_value_model(
     path = resolve_model(name_or_path)
     config = AutoConfig.from_pretrained(path)
     critic = as_value_model(config, seed=seed)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise CheckpointKeyError(f"{path}: no .safetensors files")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        tensors.update(load_file(file))
+    try:
+        tensors = read_safetensors(path)
+    except FileNotFoundError:
+        raise CheckpointKeyError(f"{path}: no .safetensors files") from None
     generator = torch.Generator().manual_seed(seed)
     load_value_state(critic, tensors, require_head=require_head, generator=generator)
     if dtype is not None:
