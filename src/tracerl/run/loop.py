@@ -324,6 +324,8 @@ class RLLoop:
         step = self.step + 1
         min_version = step - 1 - c.loop.max_off_policy_steps
         waited = time.monotonic()
+        if self.buffer.drop_stale(min_version):
+            self._room.set()  # their places go to fresh groups
         while self.buffer.fresh_ready(min_version) < self.groups_per_step:
             self._ready.clear()
             if self._stop.is_set():

@@ -195,5 +195,14 @@ class GroupBuffer:
             taken.append(group)
         return taken
 
+    def drop_stale(self, min_version: int) -> int:
+        """Drop (and count) ready groups older than `min_version`: they can never be trained on,
+        and must not hold the places of fresh ones."""
+        fresh = [g for g in self.ready if min(r.version for r in g.rollouts) >= min_version]
+        dropped = len(self.ready) - len(fresh)
+        self.ready = fresh
+        self.counters["groups_stale"] += dropped
+        return dropped
+
     def fresh_ready(self, min_version: int) -> int:
         return sum(1 for g in self.ready if min(r.version for r in g.rollouts) >= min_version)

@@ -42,6 +42,11 @@ def test_stale_groups_are_dropped_when_taken() -> None:
     assert buffer.fresh_ready(min_version=2) == 2
     taken = buffer.take(2, min_version=2)
     assert [g.group for g in taken] == [1, 2] and buffer.counters["groups_stale"] == 1
+    for group, version in ((3, 1), (4, 4)):
+        buffer.add(rollout(group, 0.0, version))
+        buffer.add(rollout(group, 1.0, version))
+    assert buffer.drop_stale(min_version=2) == 1
+    assert [g.group for g in buffer.ready] == [4] and buffer.counters["groups_stale"] == 2
 
 
 def test_cancelled_groups_stop_being_outstanding() -> None:
