@@ -119,6 +119,25 @@ async def test_calculator_refuses_code_and_caps_the_turns(fake_engine, make_gate
     assert "error: unsupported syntax: Call" in tail
 
 
+async def test_calculator_credits_a_valid_tool_call_only_when_configured(
+    fake_engine, make_gateway
+) -> None:
+    fake, engine = fake_engine
+    gw = await make_gateway(engine)
+    task = {"prompt": "What is 347 * 29 + 18?", "answer": 10081}
+    rewards = []
+    for config, call in (
+        ({"tool_use_reward": 0.2}, "347 * 29 + 18"),  # a valid call, then a wrong answer
+        ({"tool_use_reward": 0.2}, "1 / 0"),  # only an invalid call: no credit
+        ({}, "347 * 29 + 18"),  # the default is exact answers only
+    ):
+        env = make_environment({"name": "calculator", "max_turns": 3, **config})
+        fake.say(TOOL_CALL.format(call), "The answer is 12.")
+        result = await run_episode(env, task, await open_session(gw), timeout_s=30)
+        rewards.append(result.reward)
+    assert rewards == [0.2, 0.0, 0.0]
+
+
 async def test_an_unreachable_gateway_is_a_failed_episode() -> None:
     env = make_environment({"name": "arithmetic", "request_timeout_s": 5})
     session = Session("s", "k", "http://127.0.0.1:9/s/s/v1", "http://127.0.0.1:9/s/s")

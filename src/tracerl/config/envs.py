@@ -48,6 +48,10 @@ class CalculatorEnvConfig(ChatEnvConfig):
     name: Literal["calculator"] = "calculator"
     max_turns: int = Field(default=4, ge=1, le=64)
     """Model turns per episode; an episode still calling tools after this many scores 0."""
+    tool_use_reward: float = Field(default=0.0, ge=0, le=1)
+    """Reward of a wrong final answer after at least one valid tool call (0: exact answer
+    only). A small model that never gets the answer gives GRPO only uniform groups; a little
+    credit for using the tool gives it a signal to start from."""
 
 
 class CommandEnvConfig(Config):

@@ -3,7 +3,9 @@
 The model gets a question and a `calculate` tool. Each reply with tool calls gets one `tool`
 message per call, carrying the value from the safe evaluator (`tracerl.envs.expression`, never
 `eval`) or `error: <why>`; the episode goes on until a reply without tool calls, which is scored
-by exact answer, or until `max_turns` model turns, which scores 0. The assistant messages are
+by exact answer (a wrong answer after at least one valid tool call scores `tool_use_reward`,
+0 by default: shaping for models too small to get the answer before they learn the tool), or
+until `max_turns` model turns, which scores 0. The assistant messages are
 sent back exactly as the SDK returned them, so the gateway sees each request extend the last one
 and records the whole episode as one trajectory.
 
@@ -91,6 +93,8 @@ class CalculatorEnvironment:
                 message = reply.choices[0].message
                 if not message.tool_calls:
                     reward = exact_answer_reward(task, message.content or "")
+                    if reward == 0.0 and tool_calls > tool_errors:  # shaping for small models
+                        reward = self.config.tool_use_reward
                     return EnvResult(reward, _metrics(turns, tool_calls, tool_errors, False))
                 messages.append(message.model_dump(exclude_none=True))
                 for call in message.tool_calls:

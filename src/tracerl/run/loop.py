@@ -50,6 +50,9 @@ from tracerl.run.rollouts import EpisodeRunner, GroupBuffer, Rollout
 
 log = logging.getLogger(__name__)
 
+# A step waiting while this many steps' worth of groups came back uniform gets a warning.
+UNIFORM_WARNING_STEPS = 4
+
 
 class RLLoop:
     def __init__(
@@ -326,10 +329,21 @@ class RLLoop:
         waited = time.monotonic()
         if self.buffer.drop_stale(min_version):
             self._room.set()  # their places go to fresh groups
+        uniform_before, warned = self.buffer.counters["groups_uniform"], False
         while self.buffer.fresh_ready(min_version) < self.groups_per_step:
             self._ready.clear()
             if self._stop.is_set():
                 raise asyncio.CancelledError
+            uniform = self.buffer.counters["groups_uniform"] - uniform_before
+            if not warned and uniform >= UNIFORM_WARNING_STEPS * self.groups_per_step:
+                warned = True
+                log.warning(
+                    "step %d: %d groups in a row had equal rewards (dropped: no signal for a "
+                    "group baseline); the task may be too hard or too easy for the model: "
+                    "consider an easier dataset, reward shaping, or algorithm='ppo'",
+                    step,
+                    uniform,
+                )
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(1.0):
                     await self._ready.wait()
