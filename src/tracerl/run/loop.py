@@ -34,7 +34,6 @@ import logging
 import signal
 import statistics
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -72,17 +71,12 @@ class RLLoop:
         orch = config.orchestrator
         self.groups_per_step = orch.batch_size // orch.group_size
         self.step = 0
-        self.counters: Counter[str] = Counter()
         self._stop = asyncio.Event()
         self._room = asyncio.Event()  # a group may be submitted
         self._ready = asyncio.Event()  # a group became ready
         self._gate = asyncio.Event()  # admissions open (closed while a sync step trains)
         self._gate.set()
-        self._submitted = 0
-        self._episodes = 0
-        self._cancelled_groups: set[int] = set()
         self._eval: dict[int, list[Rollout]] = {}
-        self._eval_pending: dict[int, int] = {}
         self._tokens = 0
         self._training = False
         self.closers: list[Any] = []
@@ -109,7 +103,6 @@ class RLLoop:
                 raise ConfigError(f"--resume: {e}") from None
             loop_state = state if isinstance(state, dict) else {}
             self.step = int(loop_state.get("step", self.trainer.step_count))
-            self.counters.update(loop_state.get("counters", {}))
             dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
             log.info("resumed at step %d (%d later metric lines dropped)", self.step, dropped)
         self.engines = self._given_engines or {"local": LocalEngine(c.engine)}
@@ -216,7 +209,6 @@ class RLLoop:
                 self._eval.setdefault(group, []).append(Rollout(group, kind, failed))
                 return
             self.buffer.cancel(group)
-            self._cancelled_groups.add(group)
             self._room.set()
             return
         if result.error is not None:  # the runner itself failed (gateway, store): a record
@@ -230,8 +222,6 @@ class RLLoop:
             self._record_failure(rollout, ep.episode_id)
         if kind == "eval":
             self._eval.setdefault(group, []).append(rollout)
-            return
-        if group in self._cancelled_groups:
             return
         before = len(self.buffer.ready)
         self.buffer.add(rollout)
@@ -395,7 +385,6 @@ class RLLoop:
             "dataset": self.dataset.state_dict(),
             "groups": self._group_counter,
             "buffer": dict(self.buffer.counters),
-            "counters": dict(self.counters),
             "controller": self.controller.state_dict(),
         }
 

@@ -153,12 +153,15 @@ class GroupBuffer:
         self.pending: dict[int, Group] = {}
         self.ready: list[Group] = []
         self.counters: Counter[str] = Counter()
+        self._cancelled: set[int] = set()
 
     def open(self, group: int) -> None:
         """A group's first episode was submitted: it is outstanding from now on."""
         self.pending.setdefault(group, Group(group, self.group_size))
 
     def add(self, rollout: Rollout) -> None:
+        if rollout.group in self._cancelled:  # its other members were shed: it never completes
+            return
         group = self.pending.setdefault(rollout.group, Group(rollout.group, self.group_size))
         group.rollouts.append(rollout)
         if not rollout.ok:
@@ -179,7 +182,9 @@ class GroupBuffer:
         self.ready.append(group)
 
     def cancel(self, group: int) -> None:
-        """A group whose episodes were cancelled (shed, or the loop stopping) never completes."""
+        """A group whose episodes were cancelled (shed, or the loop stopping) never completes;
+        its members that still finish are ignored."""
+        self._cancelled.add(group)
         if self.pending.pop(group, None) is not None:
             self.counters["groups_cancelled"] += 1
 

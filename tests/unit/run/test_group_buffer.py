@@ -55,3 +55,5 @@ def test_cancelled_groups_stop_being_outstanding() -> None:
     assert 7 in buffer.pending
     buffer.cancel(7)
     assert 7 not in buffer.pending and buffer.counters["groups_cancelled"] == 1
+    buffer.add(rollout(7, 1.0))  # a member that finished after its group was shed
+    assert 7 not in buffer.pending and not buffer.ready
