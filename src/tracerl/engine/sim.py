@@ -242,11 +242,7 @@ class SimEngine:
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
         if not Path(model_path).is_dir():
             raise WeightLoadError(f"model_path {model_path!r} is not a directory")
-        if self.config.faults.fail_weight_updates:
-            raise WeightLoadError("simulated failure to load weights")
-        await asyncio.sleep(WEIGHT_UPDATE_S / self.config.time_scale)
-        self.weight_version = weight_version
-        self._publish()
+        await self.update_weights((), weight_version)
 
     async def update_weights(self, named_tensors: Any, weight_version: int) -> None:
         """An in-process weight push: takes the simulated load time, keeps no tensors."""
