@@ -19,36 +19,33 @@ from tracerl.config import ConfigError
 from tracerl.config.run import LoggingConfig
 
 
+def _records(lines: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """Each readable line of a metrics file with its record; a line torn by a kill mid-write is
+    skipped."""
+    out = []
+    for line in lines:
+        try:
+            out.append((line, json.loads(line)))
+        except ValueError:
+            continue
+    return out
+
+
 def truncate_metrics(path: Path, last_step: int) -> int:
     """Keep only the lines of steps <= `last_step` (and unreadable tails are cut); returns how
     many lines were dropped."""
     if not path.exists():
         return 0
-    kept, dropped = [], 0
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            dropped += 1  # a line torn by a kill mid-write
-            continue
-        if int(record.get("step", 0)) <= last_step:
-            kept.append(line)
-        else:
-            dropped += 1
+    lines = path.read_text().splitlines()
+    kept = [line for line, record in _records(lines) if int(record.get("step", 0)) <= last_step]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(f"{line}\n" for line in kept))
     tmp.replace(path)
-    return dropped
+    return len(lines) - len(kept)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    return [record for _, record in _records(path.read_text().splitlines())]
 
 
 class MetricsLog:
