@@ -118,3 +118,15 @@ def _split(full: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return chunks
+
+
+def two_turn_loss_mask(t0: dict[str, Any], t1: dict[str, Any]) -> list[int]:
+    """The loss mask of one trajectory whose second turn's prompt extends the first turn:
+    1 exactly on each turn's sampled tokens, 0 on prompts and on what came between."""
+    between = len(t1["prompt_ids"]) - len(t0["prompt_ids"]) - len(t0["completion_ids"])
+    return (
+        [0] * len(t0["prompt_ids"])
+        + [1] * len(t0["completion_ids"])
+        + [0] * between
+        + [1] * len(t1["completion_ids"])
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.fakes import two_turn_loss_mask
 from tracerl.envs import Session, make_environment, run_episode
 from tracerl.gateway.schema import SessionTrace
 
@@ -83,12 +84,7 @@ async def test_calculator_tool_round_trip_is_one_trajectory(fake_engine, make_ga
     (traj,) = trace["trajectories"]
     assert traj["turn_indices"] == [0, 1]
     new_prompt = len(t1["prompt_ids"]) - len(t0["prompt_ids"]) - len(t0["completion_ids"])
-    assert traj["loss_mask"] == (
-        [0] * len(t0["prompt_ids"])
-        + [1] * len(t0["completion_ids"])
-        + [0] * new_prompt
-        + [1] * len(t1["completion_ids"])
-    )
+    assert traj["loss_mask"] == two_turn_loss_mask(t0, t1)
     tail = fake.tokenizer.decode(t1["prompt_ids"][-new_prompt:])
     assert "<tool_response>\n10081\n</tool_response>" in tail  # 347*29 = 10063, + 18
     assert '"calculate"' in fake.tokenizer.decode(t0["prompt_ids"])  # the tool was offered

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import reference_logprobs
+from tests.fakes import two_turn_loss_mask
 
 WEATHER_TOOL = {
     "type": "function",
@@ -204,13 +205,7 @@ async def test_tool_calls_round_trip_as_one_trajectory(fake_engine, make_gateway
     t0, t1 = trace["turns"]
     assert t0["finish_reason"] == "tool_calls" and t1["parent"] == 0
     (traj,) = trace["trajectories"]
-    new_prompt = len(t1["prompt_ids"]) - len(t0["prompt_ids"]) - len(t0["completion_ids"])
-    assert traj["loss_mask"] == (
-        [0] * len(t0["prompt_ids"])
-        + [1] * len(t0["completion_ids"])
-        + [0] * new_prompt
-        + [1] * len(t1["completion_ids"])
-    )
+    assert traj["loss_mask"] == two_turn_loss_mask(t0, t1)
     tail = fake.tokenizer.decode(
         t1["prompt_ids"][len(t0["prompt_ids"]) + len(t0["completion_ids"]) :]
     )
