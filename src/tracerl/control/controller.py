@@ -148,9 +148,18 @@ class ControllerState:
     turnover: int = 0
     bound: bool = False
     hard_under_cap: int = 0
-    queued: bool = False
-    swamped: bool = False
-    served_share: float = 1.0
+    running: int = 0
+    queued: int = 0
+    """Requests the decode engines ran, and held queued for capacity, at the last poll."""
+
+    def queue_above(self, ratio: float) -> bool:
+        return self.queued > ratio * max(self.running, 1)
+
+    @property
+    def served_share(self) -> float:
+        """The share of requests on the engines that they run rather than queue."""
+        total = self.running + self.queued
+        return self.running / total if total else 1.0
 
 
 class ConcurrencyController:
@@ -181,10 +190,11 @@ class ConcurrencyController:
             return s.last_signal
         s.capacity = sum(x.capacity_tokens for x in decode)
         s.max_model_len = max(x.max_model_len for x in decode)
-        running = sum(x.running for x in decode)
-        if running:
+        s.running = sum(x.running for x in decode)
+        s.queued = sum(x.waiting_for_capacity for x in decode)
+        if s.running:
             used = sum(x.kv_usage * x.capacity_tokens for x in decode)
-            s.request_cost = used / running
+            s.request_cost = used / s.running
         if s.cap is None and not s.bootstrapped:
             s.bootstrapped = True
             self._apply(max(1, s.capacity // max(1, s.max_model_len)))
@@ -202,7 +212,8 @@ class ConcurrencyController:
             # Preemptions (and their victims waiting) are the backlog's long sequences still
             # growing: keep waiting. A queue that is a large share of what runs means the
             # engines still get far more than fits under this cap.
-            s.hard_under_cap = s.hard_under_cap + 1 if s.swamped else 0
+            swamped = s.queue_above(DRAIN_QUEUE_RATIO)
+            s.hard_under_cap = s.hard_under_cap + 1 if swamped else 0
             if s.hard_under_cap < DRAIN_STALE_POLLS:
                 return signal
             s.draining, s.hard_under_cap = False, 0  # overload survived the drain: cut again
@@ -248,15 +259,10 @@ class ConcurrencyController:
 
     def _classify(self, decode: list[EngineLoad]) -> Signal:
         s = self.state
-        running = sum(x.running for x in decode)
-        queued = sum(x.waiting_for_capacity for x in decode)
-        s.queued = queued > QUEUE_RATIO * max(running, 1)
-        s.swamped = queued > DRAIN_QUEUE_RATIO * max(running, 1)
-        s.served_share = running / (running + queued) if running + queued else 1.0
         if any(x.preemptions > 0 for x in decode):
             s.queue_polls = 0
             return "HARD"
-        s.queue_polls = s.queue_polls + 1 if s.queued else 0
+        s.queue_polls = s.queue_polls + 1 if s.queue_above(QUEUE_RATIO) else 0
         if s.queue_polls >= QUEUE_PERSISTENCE_POLLS:
             return "HARD"
         if max(x.kv_usage for x in decode) >= KV_USAGE_SOFT:
@@ -267,7 +273,8 @@ class ConcurrencyController:
         s = self.state
         # Escalate only a swamped repeat: preemptions with a short queue are growth of the
         # resident sequences, which a halving overreacts to.
-        factor = ESCALATED_BACKOFF_FACTOR if s.escalate and s.swamped else BACKOFF_FACTOR
+        swamped = s.queue_above(DRAIN_QUEUE_RATIO)
+        factor = ESCALATED_BACKOFF_FACTOR if s.escalate and swamped else BACKOFF_FACTOR
         current = s.cap if s.cap is not None else self.config.max_inflight
         # Back off from the share of in-flight the engines actually serve (requests queued for
         # capacity are episodes they cannot hold), in pool units: idle agents count in both.
