@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tracerl.config import TrainCommandConfig, load_config
 from tracerl.gateway.store import SQLiteTraceStore
@@ -100,7 +101,7 @@ async def test_ppo_with_critic_warmup_and_kl_in_reward(tmp_path: Path) -> None:
 async def test_eval_runs_on_held_out_tasks(tmp_path: Path) -> None:
     config = tiny_config(
         "loop.steps=1",
-        "loop.eval_every=1",
+        "eval.every=1",
         "eval_dataset.generate=concise",
         "eval_dataset.num_tasks=4",
         "eval_dataset.seed=9",
@@ -109,6 +110,119 @@ async def test_eval_runs_on_held_out_tasks(tmp_path: Path) -> None:
     evals = [r for r in metrics(tmp_path) if "eval/reward_mean" in r]
     assert sorted(r["step"] for r in evals) == [0, 1]  # the untrained baseline, then step 1
     assert all(r["eval/episodes"] == 4 for r in evals)
+    for record in evals:  # every eval episode ran on the weights of the step it reports
+        assert record["eval/weight_version_min"] == record["eval/weight_version_max"]
+        assert record["eval/weight_version_max"] == record["step"]
+    for record in evals:  # greedy by default: one sample per task, accuracy is pass@1
+        assert record["eval/accuracy"] == record["eval/pass@1"]
+        assert 0 <= record["eval/accuracy"] <= 1 and record["time/elapsed_s"] > 0
+
+
+def eval_turns(run_dir: Path, step: int) -> list[dict[str, Any]]:
+    """The recorded turns of the eval episodes at `step` (tagged in the session's metadata)."""
+    out = []
+    with sqlite3.connect(run_dir / "traces.sqlite") as db:
+        rows = db.execute(
+            "SELECT s.meta, t.data FROM sessions s JOIN turns t ON t.session_id = s.id"
+        ).fetchall()
+    for meta, data in rows:
+        tags = json.loads(meta)["metadata"]
+        if tags.get("kind") == "eval" and (-tags["group"] - 1) // 1_000_000 == step:
+            out.append(json.loads(data))
+    return out
+
+
+async def test_eval_is_greedy_by_default_and_pass_at_k_samples(
+    tmp_path: Path, tiny: tuple[Any, Any]
+) -> None:
+    """Eval decodes greedily (temperature 0, whatever the training temperature): every eval
+    turn asked for temperature 0 and its tokens are the argmax of an independent forward.
+    (Exact equality of two runs is not asserted: batched float32 kernels may round a near-tie
+    of the random `tiny` model either way when other requests share the batch.)
+    pass@k samples each task k times at a temperature."""
+    from tests.conftest import reference_logprobs
+
+    common = ("loop.steps=1", "eval.every=1", "eval_dataset.generate=concise",
+              "eval_dataset.num_tasks=4", "eval_dataset.seed=9")  # fmt: skip
+    greedy = tmp_path / "greedy"
+    greedy.mkdir()
+    assert await RLLoop(tiny_config(*common), greedy).run() == 0
+    turns = eval_turns(greedy, 0)
+    assert len(turns) == 4
+    model, _ = tiny
+    for turn in turns:
+        assert turn["request"]["temperature"] == 0 and turn["weight_version"] == 0
+        prompt, first = turn["prompt_ids"], turn["completion_ids"][:1]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt])).logits[0, -1]
+        assert first == [int(logits.argmax())]
+        chosen = reference_logprobs(model, prompt, first, 0.0)
+        torch.testing.assert_close(chosen, torch.tensor(turn["completion_logprobs"][:1]))
+    sampled = tmp_path / "k"
+    sampled.mkdir()
+    config = tiny_config(*common, "eval.samples=3", "eval.sampling.temperature=1.0")
+    assert await RLLoop(config, sampled).run() == 0
+    evals = [r for r in metrics(sampled) if "eval/reward_mean" in r]
+    assert all(r["eval/episodes"] == 12 for r in evals)
+    assert all(r["eval/pass@3"] >= r["eval/accuracy"] for r in evals)
+    assert all(t["request"]["temperature"] == 1.0 for t in eval_turns(sampled, 0))
+
+
+async def test_ppo_trains_on_groups_of_one_and_says_what_each_group_became(
+    tmp_path: Path,
+) -> None:
+    config = tiny_config(
+        "trainer.algorithm=ppo",
+        "orchestrator.group_size=1",
+        "orchestrator.batch_size=4",
+        "loop.steps=2",
+    )
+    assert await RLLoop(config, tmp_path).run() == 0
+    assert steps(tmp_path) == [1, 2]
+    records = [r for r in metrics(tmp_path) if "rollout/reward_mean" in r]
+    assert all(r["rollout/samples"] == 4 and r["actor/updates"] >= 1 for r in records)
+    groups = [json.loads(x) for x in (tmp_path / "groups.jsonl").read_text().splitlines()]
+    trained = [g for g in groups if g["outcome"] == "trained"]
+    assert sorted(g["step"] for g in trained) == [1] * 4 + [2] * 4
+    assert all(len(g["rewards"]) == 1 for g in trained)
+
+
+async def test_uniform_groups_are_trained_or_waited_out_as_configured(tmp_path: Path) -> None:
+    """Kept (the default): every step takes the next complete groups, uniform ones included.
+    Filtered: uniform groups are dropped with their reason and a step waits for signal."""
+    # max_tokens 1: a one-word reply scores 1.0 under `concise`, so most groups are uniform
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert await RLLoop(tiny_config("loop.steps=2", "env.sampling.max_tokens=1"), kept).run() == 0
+    records = [r for r in metrics(kept) if "rollout/reward_mean" in r]
+    assert [r["rollout/samples"] for r in records] == [8, 8]
+    assert sum(r["groups/uniform"] for r in records) >= 1
+    filtered = tmp_path / "filtered"
+    filtered.mkdir()
+    config = tiny_config(
+        "loop.steps=1", "env.sampling.max_tokens=2", "trainer.filter_uniform_groups=true"
+    )
+    assert await RLLoop(config, filtered).run() == 0
+    groups = [json.loads(x) for x in (filtered / "groups.jsonl").read_text().splitlines()]
+    assert [g["outcome"] for g in groups].count("trained") == 2
+    for g in groups:
+        assert (g["outcome"] == "uniform rewards") == (len(set(g["rewards"])) == 1), g
+
+
+async def test_a_time_budget_ends_the_run_with_a_checkpoint_and_a_final_eval(
+    tmp_path: Path,
+) -> None:
+    config = tiny_config(
+        "loop.steps=1000",
+        "loop.max_minutes=0.01",  # already spent by the time the model is loaded
+        "eval.every=500",
+        "eval_dataset.generate=concise",
+        "eval_dataset.num_tasks=2",
+    )
+    assert await RLLoop(config, tmp_path).run() == 0
+    evals = [r["step"] for r in metrics(tmp_path) if "eval/reward_mean" in r]
+    done = steps(tmp_path)
+    assert len(done) <= 1 and evals == [0, *done]  # baseline, then the final eval
 
 
 async def test_an_external_agent_trains_and_its_failures_never_reach_the_trainer(

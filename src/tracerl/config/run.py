@@ -29,13 +29,45 @@ class LoopConfig(Config):
     """An episode running longer fails (with its reason) and never reaches the trainer."""
     checkpoint_every: int = Field(default=1, ge=1)
     """Save a checkpoint every this many steps (and at the end, and on Ctrl-C)."""
-    eval_every: int = Field(default=0, ge=0)
-    """Evaluate on the eval dataset before the first step and every this many steps (0: never);
-    eval episodes are never trained on."""
-    eval_samples: int = Field(default=1, ge=1)
-    """Samples per eval task (their mean reward is the task's score)."""
+    max_minutes: float | None = Field(default=None, gt=0)
+    """Wall-clock budget from process start (model loading included): once it has passed, the
+    step in progress finishes, the run checkpoints, runs its final eval and ends. Unset: no
+    budget (`steps` alone ends the run)."""
     seed: int = 0
     """Seeds episode sampling seeds and the dataset order (with the dataset's own seed)."""
+
+
+class EvalSamplingConfig(Config):
+    """How eval episodes sample: greedy by default, whatever the training temperature."""
+
+    temperature: float = Field(default=0.0, ge=0)
+    """0 is greedy decoding (deterministic for the same weights)."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Completion budget of one eval turn; unset: the environment's `sampling.max_tokens`."""
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    """Nucleus sampling for eval; unset leaves the engine's default."""
+
+
+class EvalConfig(Config):
+    """Held-out evaluation on `eval_dataset`: never trained on, never shed by the controller."""
+
+    every: int = Field(default=0, ge=0)
+    """Evaluate before the first step and every this many steps, and at the end (0: never)."""
+    samples: int = Field(default=1, ge=1)
+    """k: samples per task. `eval/accuracy` is the mean success over all samples, `eval/pass@k`
+    the share of tasks with at least one success."""
+    success_reward: float = 1.0
+    """A sample succeeds when its reward is at least this (for pass@k and accuracy)."""
+    sampling: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig)
+
+    @model_validator(mode="after")
+    def _distinct_samples(self) -> Self:
+        if self.samples > 1 and self.sampling.temperature == 0:
+            raise ValueError(
+                f"eval.samples is {self.samples} but eval.sampling.temperature is 0: greedy "
+                "samples are all the same; set a temperature for pass@k"
+            )
+        return self
 
 
 class LoggingConfig(Config):
@@ -55,9 +87,10 @@ class TrainCommandConfig(Config):
     env: EnvConfig = Field(default_factory=lambda: _default_env())
     dataset: DatasetConfig = Field(default_factory=lambda: DatasetConfig(generate="arithmetic"))
     eval_dataset: DatasetConfig | None = None
-    """Held-out tasks for `loop.eval_every`; unset with eval_every > 0 is a config error."""
+    """Held-out tasks for `[eval]`; unset with eval.every > 0 is a config error."""
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     loop: LoopConfig = Field(default_factory=LoopConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     """The embedded inference engine (its `model` is always `trainer.model`)."""
     pool: PoolConfig = Field(default_factory=PoolConfig)
@@ -67,8 +100,14 @@ class TrainCommandConfig(Config):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        if self.loop.eval_every and self.eval_dataset is None:
-            raise ValueError("loop.eval_every is set but eval_dataset is not")
+        if self.eval.every and self.eval_dataset is None:
+            raise ValueError("eval.every is set but eval_dataset is not")
+        if self.trainer.algorithm != "ppo" and self.orchestrator.group_size < 2:
+            raise ValueError(
+                f"orchestrator.group_size is {self.orchestrator.group_size} but "
+                f"trainer.algorithm {self.trainer.algorithm!r} compares samples within a group: "
+                "use group_size >= 2, or algorithm='ppo' (a critic learns from groups of one)"
+            )
         if self.engine.model != self.trainer.model:
             if "model" in self.engine.model_fields_set:
                 raise ValueError(

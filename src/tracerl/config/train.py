@@ -112,8 +112,13 @@ class TrainerConfig(Config):
     """ppo: whiten GAE advantages over the batch's action tokens before the actor update."""
     std_normalize: bool = True
     """grpo: divide by the group's reward standard deviation."""
-    filter_uniform_groups: bool = True
-    """Group baselines: drop groups whose rewards are all equal (their advantage is 0)."""
+    filter_uniform_groups: bool = False
+    """Group baselines: true drops groups whose rewards are all equal (advantage 0) before a
+    step, so a step waits for groups with signal and its loss is normalised over them alone;
+    false (the default) trains every step on the next complete groups, as TRL does: samples
+    with advantage 0 count in the loss denominator but are never forwarded (their gradient is
+    exactly 0 without a KL loss), and a step with no signal still steps the optimizer, whose
+    momentum carries the last signal on."""
     critic_warmup_steps: int = Field(default=0, ge=0)
     """ppo: the first steps train only the critic (no actor forward, update or schedule step)."""
     kl_loss_coef: float = Field(default=0.0, ge=0)

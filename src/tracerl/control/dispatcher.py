@@ -6,7 +6,8 @@ controller fits in one window; a start far above the engines' room ramps over a 
 Natural completions refund the window (steady replacement is never throttled); cancellations do
 not (a mass shed must not hand its size back as burst budget while the overload drains).
 Cancelling an episode cancels its task, which closes its engine requests; the pool and engines
-abort them, so nothing keeps running.
+abort them, so nothing keeps running. Episodes of a `never_shed` kind (the loop's eval) are
+never chosen by `shed`: an eval must measure every task it was given; only `close` ends them.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ class Dispatcher:
         group_size: int = 1,
         on_complete: Callable[[EpisodeResult], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        never_shed: frozenset[str] = frozenset(),
     ) -> None:
         self.run = run
+        self.never_shed = never_shed
         self.cap = cap
         self.group_size = group_size
         self.on_complete = on_complete or (lambda result: None)
@@ -133,11 +136,15 @@ class Dispatcher:
         self.on_complete(result)
 
     def shed(self, count: int, kind: str | None = None) -> list[str]:
-        """Cancel `count` episodes (of `kind` only, when given), youngest groups first (a group
-        is as old as its oldest member: long-running groups carry the most sunk cost)."""
+        """Cancel up to `count` episodes (of `kind` only, when given; never of a `never_shed`
+        kind), youngest groups first (a group is as old as its oldest member: long-running
+        groups carry the most sunk cost)."""
+        return self._cancel(count, kind, self.never_shed)
+
+    def _cancel(self, count: int, kind: str | None, spare: frozenset[str]) -> list[str]:
         groups: dict[str, float] = {}
         for episode, started, _ in self._running.values():
-            if kind is None or episode.kind == kind:
+            if (kind is None or episode.kind == kind) and episode.kind not in spare:
                 groups[episode.group] = min(groups.get(episode.group, started), started)
         victims: list[str] = []
         for group in sorted(groups, key=lambda g: groups[g], reverse=True):
@@ -156,7 +163,7 @@ class Dispatcher:
         """Stop admitting, cancel everything in flight, and wait until it has ended."""
         self._closed = True
         self._changed.set()
-        self.shed(len(self._running))
+        self._cancel(len(self._running), None, frozenset())
         await self.drain()
 
     async def drain(self) -> None:

@@ -31,6 +31,7 @@ import contextlib
 import inspect
 import json
 import logging
+import os
 import signal
 import statistics
 import time
@@ -51,6 +52,20 @@ log = logging.getLogger(__name__)
 
 # A step waiting while this many steps' worth of groups came back uniform gets a warning.
 UNIFORM_WARNING_STEPS = 4
+
+
+def process_elapsed_s() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere since this import), so a
+    time budget includes interpreter start-up and model loading."""
+    try:
+        with open("/proc/self/stat") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.monotonic() - _IMPORTED_AT
+
+
+_IMPORTED_AT = time.monotonic()
 
 
 class RLLoop:
@@ -77,6 +92,11 @@ class RLLoop:
         self._gate = asyncio.Event()  # admissions open (closed while a sync step trains)
         self._gate.set()
         self._eval: dict[int, list[Rollout]] = {}
+        self._eval_changed = asyncio.Event()  # an eval episode ended
+        self._no_eval = asyncio.Event()  # no eval in flight: train admissions and pushes go on
+        self._no_eval.set()
+        self._evals_running = 0
+        self._last_eval_step: int | None = None
         self._tokens = 0
         self._training = False
         self.closers: list[Any] = []
@@ -147,9 +167,12 @@ class RLLoop:
             model=c.trainer.model,
         )
         self.closers.append(self.runner.close)
+        ppo = c.trainer.algorithm == "ppo"
         self.buffer = GroupBuffer(
             c.orchestrator.group_size,
-            filter_uniform=c.trainer.algorithm != "ppo" and c.trainer.filter_uniform_groups,
+            filter_uniform=not ppo and c.trainer.filter_uniform_groups,
+            min_good=1 if ppo else 2,  # a critic learns from one episode; a baseline needs two
+            on_drop=self._record_group,
         )
         self.buffer.counters.update(loop_state.get("buffer", {}))
         self._group_counter = int(loop_state.get("groups", 0))
@@ -159,6 +182,7 @@ class RLLoop:
             cap=concurrency.initial_inflight or concurrency.min_inflight,
             group_size=c.orchestrator.group_size,
             on_complete=self._on_complete,
+            never_shed=frozenset({"eval"}),  # an eval measures every task it was given
         )
         self.controller = ConcurrencyController(
             concurrency,
@@ -192,8 +216,8 @@ class RLLoop:
     # ------------------------------------------------------------------ episodes
 
     async def _run_episode(self, episode: Episode) -> tuple[Rollout, int]:
-        task, group, seed = episode.payload
-        rollout = await self.runner.run(task, group, episode.kind, seed)
+        task, group, sampling = episode.payload
+        rollout = await self.runner.run(task, group, episode.kind, sampling)
         return rollout, rollout.tokens
 
     def _on_complete(self, result: DispatchResult) -> None:
@@ -204,9 +228,10 @@ class RLLoop:
             ep.env, kind, result.tokens, result.duration_s, asyncio.get_running_loop().time()
         )
         if result.cancelled:
-            if kind == "eval":  # shed under overload: the eval still ends, with a record
-                failed = EpisodeResult(None, failed=True, reason="cancelled (shed)")
+            if kind == "eval":  # the loop stopping: the eval still ends, with a record
+                failed = EpisodeResult(None, failed=True, reason="cancelled")
                 self._eval.setdefault(group, []).append(Rollout(group, kind, failed))
+                self._eval_changed.set()
                 return
             self.buffer.cancel(group)
             self._room.set()
@@ -222,6 +247,7 @@ class RLLoop:
             self._record_failure(rollout, ep.episode_id)
         if kind == "eval":
             self._eval.setdefault(group, []).append(rollout)
+            self._eval_changed.set()
             return
         before = len(self.buffer.ready)
         self.buffer.add(rollout)
@@ -243,6 +269,19 @@ class RLLoop:
         with (self.run_dir / "episodes_failed.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def _record_group(self, group: Any, outcome: str, step: int | None = None) -> None:
+        """One line per ended group in RUN_DIR/groups.jsonl: the step that trained on it, or
+        why it never reached one (uniform rewards, too few successful episodes, stale)."""
+        record = {
+            "group": group.group,
+            "outcome": outcome,
+            "step": step,
+            "rewards": [r.result.reward for r in group.rollouts],
+            "oldest_version": min((r.version for r in group.rollouts), default=None),
+        }
+        with (self.run_dir / "groups.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
     def _outstanding(self) -> int:
         return len(self.buffer.pending) + len(self.buffer.ready)
 
@@ -251,6 +290,7 @@ class RLLoop:
         ahead = self.groups_per_step * (1 + c.loop.max_off_policy_steps)
         while not self._stop.is_set():
             await self._gate.wait()
+            await self._no_eval.wait()  # an eval has the engines to itself, and ends sooner
             if self._outstanding() >= ahead:
                 self._room.clear()
                 await self._room.wait()
@@ -265,7 +305,7 @@ class RLLoop:
                     f"g{group}",
                     env=self.env.name,
                     kind="train",
-                    payload=(item.task, group, seed),
+                    payload=(item.task, group, {"seed": seed}),
                 )
                 try:
                     await self.dispatcher.submit(episode)
@@ -274,39 +314,74 @@ class RLLoop:
                 if k == 0:  # counted as outstanding from its first episode on
                     self.buffer.open(group)
 
+    def _start_eval(self, step: int) -> asyncio.Task[None]:
+        """An eval of the weights of `step`: until it ends, no training episode is admitted
+        and no newer weights are pushed, so every eval episode runs on exactly those weights."""
+        self._last_eval_step = step
+        self._evals_running += 1
+        self._no_eval.clear()
+        task = asyncio.create_task(self._evaluate(step))
+        task.add_done_callback(self._eval_ended)
+        return task
+
+    def _eval_ended(self, task: asyncio.Task[None]) -> None:
+        self._evals_running -= 1
+        if not self._evals_running:
+            self._no_eval.set()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("eval failed: %r", task.exception())
+
     async def _evaluate(self, step: int) -> None:
+        """Every eval task `eval.samples` times with the eval's own sampling (greedy by
+        default), at the weights of `step`; logs reward, accuracy and pass@k."""
         assert self.eval_dataset is not None
-        c = self.config
+        c, e = self.config, self.config.eval
+        sampling = {k: v for k, v in e.sampling.model_dump().items() if v is not None}
+        seed = c.loop.seed
         groups = []
         for index in range(len(self.eval_dataset)):
             group = -(step * 1_000_000 + index + 1)  # negative: never a training group
             groups.append(group)
-            for k in range(c.loop.eval_samples):
+            for k in range(e.samples):
                 episode = Episode(
                     f"eval{step}-{index}-{k}",
                     f"eval{step}-{index}",
                     env=self.env.name,
                     kind="eval",
-                    payload=(self.eval_dataset[index], group, c.loop.seed + k),
+                    payload=(self.eval_dataset[index], group, {**sampling, "seed": seed + k}),
                 )
                 try:
                     await self.dispatcher.submit(episode)
                 except DispatcherClosed:
                     return
-        while sum(len(self._eval.get(g, [])) for g in groups) < len(groups) * c.loop.eval_samples:
-            await asyncio.sleep(0.05)
-        rollouts = [r for g in groups for r in self._eval.pop(g, [])]
+        while sum(len(self._eval.get(g, [])) for g in groups) < len(groups) * e.samples:
+            self._eval_changed.clear()
+            await self._eval_changed.wait()
+        per_task = [self._eval.pop(g, []) for g in groups]
+        rollouts = [r for task in per_task for r in task]
         good = [r.result.reward for r in rollouts if r.ok and r.result.reward is not None]
+
+        def success(r: Rollout) -> bool:
+            return r.ok and r.result.reward is not None and r.result.reward >= e.success_reward
+
         record: dict[str, Any] = {
             "step": step,
             "eval/reward_mean": statistics.fmean(good) if good else float("nan"),
+            "eval/accuracy": statistics.fmean(success(r) for r in rollouts),
+            f"eval/pass@{e.samples}": statistics.fmean(any(map(success, t)) for t in per_task),
             "eval/episodes": len(rollouts),
             "eval/failed": len(rollouts) - len(good),
+            "eval/weight_version_min": min((r.version for r in rollouts if r.ok), default=-1),
+            "eval/weight_version_max": max((r.version for r in rollouts if r.ok), default=-1),
+            "time/elapsed_s": process_elapsed_s(),
         }
         self.metrics.log(record)
+        self.progress.eval_accuracy = record["eval/accuracy"]
         print(
-            f"eval at step {step}: reward {record['eval/reward_mean']:.3f} over "
-            f"{len(good)} episodes ({record['eval/failed']} failed)",
+            f"eval at step {step}: accuracy {record['eval/accuracy']:.3f}, "
+            f"pass@{e.samples} {record[f'eval/pass@{e.samples}']:.3f}, reward "
+            f"{record['eval/reward_mean']:.3f} over {len(good)} episodes "
+            f"({record['eval/failed']} failed)",
             flush=True,
         )
 
@@ -339,6 +414,8 @@ class RLLoop:
                     await self._ready.wait()
         wait_s = time.monotonic() - waited
         groups = self.buffer.take(self.groups_per_step, min_version)
+        for group in groups:
+            self._record_group(group, "trained", step)
         if c.loop.max_off_policy_steps == 0:  # synchronous: nothing runs on old weights
             self._gate.clear()
             self.dispatcher.shed(self.dispatcher.inflight, kind="train")
@@ -349,6 +426,7 @@ class RLLoop:
         try:
             metrics = await asyncio.to_thread(self.trainer.step, samples)
             train_s = time.monotonic() - started
+            await self._eval_or_stop()  # an eval in flight measures the weights it started on
             synced = time.monotonic()
             await self.pool.update_weights(None, step, self.trainer.actor_named_tensors())
             sync_s = time.monotonic() - synced
@@ -372,12 +450,31 @@ class RLLoop:
                     step - 1 - s.weight_version for s in samples
                 ),
                 "rollout/staleness_max": max(step - 1 - s.weight_version for s in samples),
+                "time/elapsed_s": process_elapsed_s(),
                 "time/wait_rollouts_s": wait_s,
                 "time/train_s": train_s,
                 "time/weight_sync_s": sync_s,
             }
         )
         return record
+
+    async def _eval_or_stop(self) -> None:
+        """Wait until no eval is in flight, or the loop is stopping (its eval is discarded)."""
+        waits = [asyncio.ensure_future(e.wait()) for e in (self._no_eval, self._stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _budget(self) -> None:
+        """Returns once `loop.max_minutes` have passed since the process started (never when
+        unset)."""
+        minutes = self.config.loop.max_minutes
+        if minutes is None:
+            await asyncio.Event().wait()
+            return
+        await asyncio.sleep(max(0.0, minutes * 60 - process_elapsed_s()))
 
     def _loop_state(self) -> dict[str, Any]:
         return {
@@ -404,12 +501,16 @@ class RLLoop:
             last_saved = self.step
             started, last_tokens, last_at = time.monotonic(), self._tokens, time.monotonic()
             stopper = asyncio.create_task(self._stop.wait())
-            if self.config.loop.eval_every and self.step == 0:  # the untrained baseline
-                evals.append(asyncio.create_task(self._evaluate(0)))
+            budget = asyncio.create_task(self._budget())
+            every = self.config.eval.every
+            if every and self.step == 0:  # the untrained baseline
+                evals.append(self._start_eval(0))
             try:
-                while self.step < self.config.loop.steps:
+                while self.step < self.config.loop.steps and not budget.done():
                     step_task = asyncio.create_task(self._step())
-                    await asyncio.wait({step_task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {step_task, stopper, budget}, return_when=asyncio.FIRST_COMPLETED
+                    )
                     if not step_task.done():
                         if not self._training:  # stopped while waiting for rollouts
                             step_task.cancel()
@@ -429,11 +530,18 @@ class RLLoop:
                         last_saved = self.step
                     self.metrics.log(record)
                     self.progress.update(self.step, record)
-                    every = self.config.loop.eval_every
                     if every and self.step % every == 0:
-                        evals.append(asyncio.create_task(self._evaluate(self.step)))
+                        evals.append(self._start_eval(self.step))
                     if self._stop.is_set():
                         break
+                ended = not self._stop.is_set() and (
+                    budget.done() or self.step >= self.config.loop.steps
+                )
+                if ended:  # no more training episodes: the engines are the final eval's
+                    self._gate.clear()
+                    self.dispatcher.shed(self.dispatcher.inflight, kind="train")
+                if ended and every and self._last_eval_step != self.step:
+                    evals.append(self._start_eval(self.step))  # the final weights' eval
                 if evals and not self._stop.is_set():  # a finished run reports its last eval
                     pending = {task for task in evals if not task.done()}
                     if pending:
@@ -442,6 +550,7 @@ class RLLoop:
                             await asyncio.wait(pending)
             finally:
                 stopper.cancel()
+                budget.cancel()
                 self._stop.set()
                 self._room.set()
                 self._gate.set()
@@ -452,12 +561,14 @@ class RLLoop:
                 await asyncio.gather(feeder, *evals, return_exceptions=True)
                 if self.step != last_saved:
                     await self._checkpoint()
+            out_of_time = budget.done() and not budget.cancelled()
             print(
-                f"stopped at step {self.step} after {time.monotonic() - started:.0f} s; "
-                f"checkpoint {self.run_dir / 'checkpoints'}",
+                f"stopped at step {self.step} after {time.monotonic() - started:.0f} s"
+                + (f" (loop.max_minutes = {self.config.loop.max_minutes})" if out_of_time else "")
+                + f"; checkpoint {self.run_dir / 'checkpoints'}",
                 flush=True,
             )
-            return 0 if self.step >= self.config.loop.steps else 130
+            return 0 if self.step >= self.config.loop.steps or out_of_time else 130
         finally:
             for close in reversed(self.closers):
                 try:

@@ -114,6 +114,8 @@ class Progress:
         self.tty = sys.stderr.isatty()
         self.started = time.monotonic()
         self.first_step: int | None = None
+        self.eval_accuracy: float | None = None
+        """The latest eval's accuracy, shown on every line once an eval has ended."""
 
     def update(self, step: int, record: dict[str, Any], final: bool = False) -> None:
         if not self.enabled:
@@ -127,7 +129,8 @@ class Progress:
             f"step {step}/{self.total}  reward {record.get('rollout/reward_mean', 0.0):.3f}  "
             f"tok/s {record.get('rollout/tokens_per_s', 0.0):.0f}  "
             f"cap {int(record.get('concurrency/cap', 0))}  "
-            f"elapsed {_clock(elapsed)}  eta {_clock(eta)}"
+            + (f"eval {self.eval_accuracy:.3f}  " if self.eval_accuracy is not None else "")
+            + f"elapsed {_clock(elapsed)}  eta {_clock(eta)}"
         )
         if self.tty:
             sys.stderr.write("\r\x1b[2K" + line + ("\n" if final else ""))

@@ -9,15 +9,18 @@ episode's reward, the group id and the oldest weight version among its turns. Fa
 come back as records with their reason and no samples.
 
 `GroupBuffer` gathers the k episodes of each prompt; a group is ready when all of them ended.
-Failed episodes are dropped from their group (counted); a group left with fewer than two
-successful episodes cannot form a baseline and is dropped; group-baseline methods drop groups
-whose rewards are all equal (counted; PPO keeps them, its critic learns from every reward).
+Failed episodes are dropped from their group (counted); a group left with fewer than
+`min_good` successful episodes is dropped (two for a group baseline, one for PPO, whose critic
+learns from every reward, groups of one included). With `filter_uniform` (group baselines
+waiting for signal) groups whose rewards are all equal are dropped too. Every dropped group is
+reported to `on_drop` with its reason, so the loop can say why it never reached a step.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,9 +109,10 @@ class EpisodeRunner:
                 raise RuntimeError(f"gateway {path} answered {resp.status}: {payload}")
             return payload
 
-    async def run(self, task: Task, group: int, kind: str, seed: int) -> Rollout:
+    async def run(self, task: Task, group: int, kind: str, sampling: dict[str, Any]) -> Rollout:
+        """Play one episode; `sampling` overrides the environment's (a seed, eval settings)."""
         reply = await self._post("/sessions", {"metadata": {"group": group, "kind": kind}})
-        session = Session.from_gateway(reply, model=self.model, sampling={"seed": seed})
+        session = Session.from_gateway(reply, model=self.model, sampling=sampling)
         try:
             result = await run_episode(self.env, task, session, self.timeout_s)
         finally:
@@ -147,9 +151,17 @@ class Group:
 class GroupBuffer:
     """Completed groups, ready for the trainer, in completion order."""
 
-    def __init__(self, group_size: int, filter_uniform: bool) -> None:
+    def __init__(
+        self,
+        group_size: int,
+        filter_uniform: bool,
+        min_good: int = 2,
+        on_drop: Callable[[Group, str], None] | None = None,
+    ) -> None:
         self.group_size = group_size
         self.filter_uniform = filter_uniform
+        self.min_good = min_good
+        self.on_drop = on_drop or (lambda group, reason: None)
         self.pending: dict[int, Group] = {}
         self.ready: list[Group] = []
         self.counters: Counter[str] = Counter()
@@ -171,12 +183,14 @@ class GroupBuffer:
             return
         del self.pending[rollout.group]
         good = [r for r in group.rollouts if r.ok]
-        if len(good) < 2:
+        if len(good) < self.min_good:
             self.counters["groups_dropped_failed"] += 1
+            self.on_drop(group, f"{len(good)} of {len(group.rollouts)} episodes succeeded")
             return
         rewards = {r.result.reward for r in good}
         if self.filter_uniform and len(rewards) == 1:
             self.counters["groups_uniform"] += 1
+            self.on_drop(group, "uniform rewards")
             return
         group.rollouts = good
         self.ready.append(group)
@@ -196,6 +210,7 @@ class GroupBuffer:
             group = self.ready.pop(0)
             if min(r.version for r in group.rollouts) < min_version:
                 self.counters["groups_stale"] += 1
+                self.on_drop(group, "stale")
                 continue
             taken.append(group)
         return taken
@@ -203,7 +218,12 @@ class GroupBuffer:
     def drop_stale(self, min_version: int) -> int:
         """Drop (and count) ready groups older than `min_version`: they can never be trained on,
         and must not hold the places of fresh ones."""
-        fresh = [g for g in self.ready if min(r.version for r in g.rollouts) >= min_version]
+        fresh = []
+        for group in self.ready:
+            if min(r.version for r in group.rollouts) >= min_version:
+                fresh.append(group)
+            else:
+                self.on_drop(group, "stale")
         dropped = len(self.ready) - len(fresh)
         self.ready = fresh
         self.counters["groups_stale"] += dropped

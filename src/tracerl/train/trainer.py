@@ -271,22 +271,31 @@ class Trainer:
         )
         lengths = torch.tensor(batch.lengths, device=self.device)
         advantages = torch.repeat_interleave(per_sample.float(), lengths) * batch.loss_mask
-        keep = ~uniform if cfg.filter_uniform_groups else torch.ones_like(uniform)
-        samples = [i for i in range(batch.size) if bool(keep[i])]
+        if cfg.filter_uniform_groups:  # dropped: neither trained nor in the denominators
+            samples = [i for i in range(batch.size) if not bool(uniform[i])]
+        else:  # kept: the step is the one over the whole batch
+            samples = list(range(batch.size))
         metrics.set("groups/filtered_samples", float(batch.size - len(samples)))
-        if not samples:  # nothing carries signal: no forward, no update, no schedule step
+        # Without a KL loss, a sample whose advantage is 0 has exactly zero gradient: it stays
+        # in the denominators (so the update equals training on it) but is never forwarded.
+        zero_grad = frozenset(
+            i for i in samples if cfg.kl_loss_coef == 0 and float(per_sample[i]) == 0.0
+        )
+        computed = [i for i in samples if i not in zero_grad]
+        metrics.set("actor/zero_grad_samples", float(len(zero_grad)))
+        if not samples:  # everything filtered: no update, no schedule step
             metrics.set("actor/updates", 0.0)
             return samples
         trained_mask = batch.loss_mask.clone()
-        dropped = [i for i in range(batch.size) if not keep[i]]
+        dropped = [i for i in range(batch.size) if i not in samples]
         if dropped:
             trained_mask[batch.token_index(dropped)] = 0
         for key, value in token_stats(advantages, trained_mask).items():
             metrics.set(f"adv/{key}", value)
-        mbs = self._mbs(batch, samples)
+        mbs = self._mbs(batch, computed) if computed else []
         ref = self._reference_logprobs(batch, mbs, metrics)
-        self._train_actor(batch, samples, mbs, advantages, None, ref, metrics, generator)
-        return samples
+        self._train_actor(batch, samples, mbs, advantages, None, ref, metrics, generator, zero_grad)
+        return computed
 
     def _actor_updates(self, samples: int) -> int:
         optim = self.config.actor
@@ -302,15 +311,16 @@ class Trainer:
         ref: torch.Tensor | None,
         metrics: Metrics,
         generator: torch.Generator,
+        zero_grad: frozenset[int] = frozenset(),
     ) -> None:
-        if old is None and self._actor_updates(len(samples)) > 1:
+        if old is None and mbs and self._actor_updates(len(samples)) > 1:
             old = self._behaviour_logprobs(batch, mbs, metrics)
         with self._phase(Phase.ACTOR, "actor", metrics):
             self.phases.require("actor")
             update_actor(
                 self.actor, self.actor_optimizer, self.actor_scheduler, batch, samples,
                 ActorTargets(advantages, old, ref if self.config.kl_loss_coef > 0 else None),
-                self.config, generator, metrics, self.batching,
+                self.config, generator, metrics, self.batching, zero_grad,
             )  # fmt: skip
 
     # ---- checkpoints and export -------------------------------------------------------------

@@ -141,6 +141,7 @@ def _update(
     prefix: str,
     metrics: Metrics,
     batching: Batching,
+    zero_grad: frozenset[int] = frozenset(),
 ) -> None:
     optim = config.actor if prefix == "actor" else config.critic
     params = [p for p in model.parameters() if p.requires_grad]
@@ -148,8 +149,13 @@ def _update(
     for index, part in enumerate(parts):
         denom = denominator(batch, part, agg)
         split = config.token_budget * config.bucket_split_cost
-        for mb in micro_batches(batch, part, config.token_budget, batching, split):
-            backward(mb, denom, index)
+        computed = [i for i in part if i not in zero_grad]
+        if computed:
+            for mb in micro_batches(batch, computed, config.token_budget, batching, split):
+                backward(mb, denom, index)
+        for p in params:  # what a forward of the zero-gradient samples would have left
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         result = optimizer_step(
             optimizer,
             scheduler,
@@ -180,11 +186,16 @@ def update_actor(
     generator: torch.Generator,
     metrics: Metrics,
     batching: Batching,
+    zero_grad: frozenset[int] = frozenset(),
 ) -> None:
     """PPO-clip updates of the actor (with TIS against the rollout log-probs, and the KL loss
-    when configured) over `samples` of `batch`."""
+    when configured) over `samples` of `batch`.
+
+    `zero_grad`: samples whose gradient is exactly zero (advantage 0 on every action token and
+    no KL loss). They count in the loss denominators as if trained, but are never forwarded:
+    the update is the one training on them would make, without their compute."""
     parts = shuffled_parts(samples, config.actor.mini_batches, config.actor.epochs, generator)
-    if targets.old_logprobs is None and len(parts) > 1:
+    if targets.old_logprobs is None and len(parts) > 1 and set(samples) - zero_grad:
         raise ValueError("old_logprobs: required when the actor makes more than one update")
     first_pass = len(parts) // config.actor.epochs
 
@@ -227,7 +238,7 @@ def update_actor(
 
     _update(
         actor, optimizer, scheduler, batch, parts, config, config.loss_agg, backward,
-        "actor", metrics, batching,
+        "actor", metrics, batching, zero_grad,
     )  # fmt: skip
 
 

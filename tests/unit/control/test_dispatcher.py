@@ -104,6 +104,34 @@ async def test_shedding_can_spare_another_kind() -> None:
     await d.drain()
 
 
+async def test_eval_episodes_survive_an_overload_cut() -> None:
+    """The loop's set-up: a HARD cut sheds the excess through `shed`, which never picks eval."""
+    from tracerl.config import ConcurrencyConfig
+    from tracerl.control.controller import ConcurrencyController, EngineLoad
+
+    async def run(ep: Episode) -> tuple[None, int]:
+        await asyncio.Event().wait()
+        return None, 0
+
+    d = Dispatcher(run, cap=8, group_size=2, never_shed=frozenset({"eval"}))
+    for i in range(4):
+        await d.submit(Episode(f"t{i}", f"train{i // 2}"))
+        await d.submit(Episode(f"e{i}", f"eval{i // 2}", kind="eval"))  # younger than train
+    controller = ConcurrencyController(
+        ConcurrencyConfig(initial_inflight=8),
+        set_limit=d.set_limit,
+        on_overload=d.shed,
+        get_inflight=lambda: d.inflight,
+    )
+    load = EngineLoad(10_000, 1000, 0.99, running=4, waiting=4, waiting_for_capacity=4,
+                      preemptions=2)  # fmt: skip
+    assert controller.observe([load], now=1.0) == "HARD"  # cut to 0.9 x 8 x 4/8 = 3
+    await settle()
+    assert d.cap == 3 and d.inflight_by_kind() == {"eval": 4}  # 5 over: every train one went
+    await d.close()
+    assert d.inflight == 0  # close ends eval too
+
+
 async def test_close_stops_waiting_submitters_and_running_episodes() -> None:
     from tracerl.control.dispatcher import DispatcherClosed
 

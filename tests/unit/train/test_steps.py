@@ -132,32 +132,116 @@ def test_critic_warmup_leaves_the_actor_bit_identical(make_trainer: MakeTrainer)
     assert trainer.actor_scheduler.last_epoch == 1
 
 
-def test_uniform_groups_are_filtered_and_counted(make_trainer: MakeTrainer) -> None:
-    trainer = make_trainer(algorithm="grpo")
+def count_tokens(model: torch.nn.Module) -> list[int]:
+    """Tokens each forward of `model` processes (padding excluded), one entry per call."""
     tokens: list[int] = []
 
-    def count_tokens(module: Any, args: Any, kwargs: Any) -> None:
+    def hook(module: Any, args: Any, kwargs: Any) -> None:
         mask = kwargs.get("attention_mask")
         tokens.append(int(mask.sum()) if mask is not None else kwargs["input_ids"].numel())
 
-    trainer.actor.register_forward_pre_hook(count_tokens, with_kwargs=True)
-    base = make_samples(3, count=6)  # groups 0, 1, 2 of two samples each
-    rewards = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]  # groups 0 and 2 are uniform
-    samples = [
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return tokens
+
+
+def with_rewards(samples: list[TrainSample], rewards: list[float]) -> list[TrainSample]:
+    return [
         TrainSample(s.token_ids, s.loss_mask, s.logprobs, r, s.group_id)
-        for s, r in zip(base, rewards, strict=True)
+        for s, r in zip(samples, rewards, strict=True)
     ]
+
+
+def test_filtered_uniform_groups_are_dropped_and_counted(make_trainer: MakeTrainer) -> None:
+    trainer = make_trainer(algorithm="grpo", filter_uniform_groups=True)
+    tokens = count_tokens(trainer.actor)
+    base = make_samples(3, count=6)  # groups 0, 1, 2 of two samples each
+    samples = with_rewards(base, [1.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # groups 0 and 2 are uniform
     metrics = trainer.step(samples)
     assert metrics["groups/uniform"] == 2 and metrics["groups/filtered_samples"] == 4
     assert sum(tokens) == len(samples[2].token_ids) + len(samples[3].token_ids)
     # every group uniform: no forward, no update, no schedule step
     tokens.clear()
     before = snapshot(trainer.actor)
-    flat = [TrainSample(s.token_ids, s.loss_mask, s.logprobs, 1.0, s.group_id) for s in base]
-    metrics = trainer.step(flat)
+    metrics = trainer.step(with_rewards(base, [1.0] * 6))
     assert metrics["actor/updates"] == 0 and metrics["groups/uniform"] == 3
     assert tokens == [] and changed(trainer.actor, before) == set()
     assert trainer.actor_scheduler.last_epoch == 1 and trainer.step_count == 2
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_kept_uniform_groups_cost_no_compute_and_change_nothing(
+    make_trainer: MakeTrainer, mini_batches: int
+) -> None:
+    """Samples with advantage 0 are never forwarded, yet the step equals the one that trains on
+    them: the same denominators, the same (zero) gradients, the same optimizer step."""
+    base = make_samples(3, count=6)
+    samples = with_rewards(base, [1.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # groups 0 and 2 are uniform
+    actor = {"mini_batches": mini_batches, "max_grad_norm": None}  # clipping hides scale
+    # SGD, not AdamW: Adam's normalisation turns float-rounding differences of the two layouts
+    # in near-zero gradient entries into lr-sized steps; SGD keeps them rounding-sized.
+    skipping = make_trainer(algorithm="grpo", actor=actor)
+    skipping.actor_optimizer = torch.optim.SGD(skipping.actor.parameters(), lr=10.0)
+    initial = snapshot(skipping.actor)
+    tokens = count_tokens(skipping.actor)
+    metrics = skipping.step(samples)
+    assert metrics["groups/uniform"] == 2 and metrics["actor/zero_grad_samples"] == 4
+    assert metrics["groups/filtered_samples"] == 0
+    assert metrics["perf/tokens"] == len(samples[2].token_ids) + len(samples[3].token_ids)
+    # every forward saw only the informative group (mini-batches: plus the old-log-prob pass)
+    assert sum(tokens) == (2 if mini_batches > 1 else 1) * int(metrics["perf/tokens"])
+
+    # The reference: the same step with every sample forwarded, through the update itself.
+    from tracerl.train.batch import PackedBatch
+    from tracerl.train.update import ActorTargets, Metrics, update_actor
+
+    full = make_trainer(algorithm="grpo", actor=actor)
+    full.actor_optimizer = torch.optim.SGD(full.actor.parameters(), lr=10.0)
+    batch = PackedBatch.build(samples, torch.device("cpu"))
+    advantages = torch.zeros_like(batch.loss_mask)
+    group = batch.token_index([2, 3])
+    advantages[group] = skipping_advantages(batch)[group]
+    old = None
+    if mini_batches > 1:
+        from tracerl.train.forward import all_logprobs
+
+        mbs = full._mbs(batch, list(range(6)))
+        old = all_logprobs(full.actor, mbs, batch.token_ids.numel(), 1.0, torch.device("cpu"))
+    generator = torch.Generator().manual_seed(full.config.seed * 1_000_003)
+    update_actor(
+        full.actor, full.actor_optimizer, None, batch, list(range(6)),
+        ActorTargets(advantages, old, None), full.config, generator, Metrics(), full.batching,
+    )  # fmt: skip
+    moved = 0
+    for (name, a), (_, b) in zip(
+        skipping.actor.named_parameters(), full.actor.named_parameters(), strict=True
+    ):  # the steps (a large lr makes them large next to float rounding), compared
+        torch.testing.assert_close(a - initial[name], b - initial[name], msg=name)
+        moved += int(not torch.equal(a, initial[name]))
+    assert moved > 0
+
+
+def skipping_advantages(batch: Any) -> torch.Tensor:
+    """GRPO advantages per token of `batch` (what the trainer computes)."""
+    from tracerl.algo.advantages import group_advantages
+
+    per_sample = group_advantages(batch.rewards, batch.group_ids, "grpo", std_normalize=True)
+    lengths = torch.tensor(batch.lengths)
+    return torch.repeat_interleave(per_sample.float(), lengths) * batch.loss_mask
+
+
+def test_a_step_with_no_signal_still_steps_the_optimizer(make_trainer: MakeTrainer) -> None:
+    """Kept uniform groups: a batch without signal forwards nothing, but the optimizer steps
+    as training on it would (AdamW's momentum carries the last signal on)."""
+    trainer = make_trainer(algorithm="grpo")
+    tokens = count_tokens(trainer.actor)
+    base = make_samples(3, count=6)
+    trainer.step(base)  # rewards differ within every group
+    tokens.clear()
+    before = snapshot(trainer.actor)
+    metrics = trainer.step(with_rewards(base, [1.0] * 6))
+    assert tokens == [] and metrics["actor/updates"] == 1 and metrics["perf/tokens"] == 0
+    assert changed(trainer.actor, before)  # momentum moved the weights
+    assert trainer.actor_scheduler.last_epoch == 2 and trainer.step_count == 2
 
 
 def test_kl_in_reward_shapes_the_value_targets_and_kl_loss_does_not(
