@@ -1,7 +1,10 @@
 """The engine-metrics collector: polls every engine's `/metrics` (vLLM names) and hands the
 controller one `EngineLoad` per engine per poll.
 
-Counters become per-poll deltas (no delta on an engine's first poll). KV capacity comes from
+Counters become per-poll deltas (no delta on an engine's first poll). Requests waiting for
+capacity are `vllm:num_requests_waiting_by_reason{reason="capacity"}` where the engine reports
+it (requests that just arrived, or wait out a pause, are not overload), else every waiting one;
+`tracerl:paused` marks a paused engine. KV capacity comes from
 `vllm:cache_config_info{kv_cache_size_tokens=...}`, with `num_gpu_blocks x block_size` as the
 fallback; the max model length is read once from `/get_model_info`. A failing or slow poll of
 one engine is skipped, never fatal.
@@ -106,15 +109,23 @@ class MetricsCollector:
             0 if previous is None else max(0.0, counters["preemptions"] - previous["preemptions"])
         )
         waiting = int(_total(m, "vllm:num_requests_waiting"))
+        by_reason = m.get("vllm:num_requests_waiting_by_reason")
+        if by_reason is not None:  # vLLM and ours: only admission refusals are overload
+            for_capacity = int(
+                sum(v for labels, v in by_reason if labels.get("reason") == "capacity")
+            )
+        else:  # an engine without the breakdown: every waiting request counts
+            for_capacity = waiting
         return EngineLoad(
             capacity_tokens=capacity_tokens(m),
             max_model_len=self._max_len[name],
             kv_usage=_total(m, "vllm:kv_cache_usage_perc"),
             running=int(_total(m, "vllm:num_requests_running")),
             waiting=waiting,
-            waiting_for_capacity=waiting,  # our engines queue only for capacity
+            waiting_for_capacity=for_capacity,
             preemptions=int(preempted),
             role=self.roles.get(name, "decode"),  # type: ignore[arg-type]
+            paused=_total(m, "tracerl:paused") > 0,
         )
 
     async def _loop(self) -> None:

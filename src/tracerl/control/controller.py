@@ -14,9 +14,13 @@ Without a configured start, the cap bootstraps once from `C / max_model_len` (ev
 worst case). The first `frozen_steps` step boundaries pin it (only HARD cuts act), and at the end
 of the freeze kappa is initialised by continuity so the feedforward starts at the current cap.
 
-Each engine poll is classified over decode engines only: HARD (preemptions since the last poll,
-or capacity-queued requests above QUEUE_RATIO of running for QUEUE_PERSISTENCE_POLLS polls in a
-row), SOFT (KV usage at or above KV_USAGE_SOFT), or CLEAR.
+Each engine poll is classified over decode engines only, paused ones left out (a weight sync
+queues what arrives and runs nothing: no evidence of load): HARD (preemptions since the last
+poll, or requests the engines' admission refused for capacity above QUEUE_RATIO of running, with
+something running, for QUEUE_PERSISTENCE_POLLS polls in a row), SOFT (KV usage at or above
+KV_USAGE_SOFT), or CLEAR. Requests that merely arrived between two engine steps are not
+capacity-queued: an engine slowed by training on the same cores queues them longer, and that
+is a slower engine, not an overloaded one.
 - A HARD poll cuts: the cap becomes BACKOFF_FACTOR x what the engines serve of what is in flight
   (in-flight scaled by running / (running + capacity-queued), so a start far above capacity
   lands near it in one cut instead of a cascade), with ESCALATED_BACKOFF_FACTOR when a swamped
@@ -107,6 +111,8 @@ class EngineLoad:
     waiting_for_capacity: int
     preemptions: int
     role: Literal["decode", "prefill", "mixed"] = "decode"
+    paused: bool = False
+    """Generation paused (a weight sync): the poll says nothing about load."""
 
 
 @dataclass
@@ -185,7 +191,8 @@ class ConcurrencyController:
     def observe(self, samples: list[EngineLoad], now: float) -> Signal:
         """One poll of every engine."""
         s = self.state
-        decode = [x for x in samples if x.role != "prefill"]
+        # a paused engine (weight sync) runs nothing and queues what arrives: not overload
+        decode = [x for x in samples if x.role != "prefill" and not x.paused]
         if not decode:
             return s.last_signal
         s.capacity = sum(x.capacity_tokens for x in decode)
@@ -262,7 +269,9 @@ class ConcurrencyController:
         if any(x.preemptions > 0 for x in decode):
             s.queue_polls = 0
             return "HARD"
-        s.queue_polls = s.queue_polls + 1 if s.queue_above(QUEUE_RATIO) else 0
+        # a queue with nothing running is a stall (or a pause we missed), not too much work
+        queueing = s.running > 0 and s.queue_above(QUEUE_RATIO)
+        s.queue_polls = s.queue_polls + 1 if queueing else 0
         if s.queue_polls >= QUEUE_PERSISTENCE_POLLS:
             return "HARD"
         if max(x.kv_usage for x in decode) >= KV_USAGE_SOFT:

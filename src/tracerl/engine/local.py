@@ -367,6 +367,8 @@ class LocalEngine:
             s = self._stats
             s.running = len(sched.running)
             s.waiting = len(sched.waiting) + len(self._inbox)
+            # after a step, what is still waiting was refused by admission; paused, none was
+            s.waiting_for_capacity = 0 if sched.pause_mode is not None else len(sched.waiting)
             s.kv_used_tokens = sched.kv_used()
             s.preemptions_total = sched.counters.preemptions
             s.prompt_tokens_total = sched.counters.prompt_tokens

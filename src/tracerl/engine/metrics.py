@@ -28,6 +28,20 @@ def render_metrics(stats: EngineStats, model_name: str) -> str:
     rows = [
         ("vllm:num_requests_running", "gauge", "Requests in the running batch.", m, stats.running),
         ("vllm:num_requests_waiting", "gauge", "Requests waiting for admission.", m, stats.waiting),
+        (
+            "vllm:num_requests_waiting_by_reason",
+            "gauge",
+            "Waiting requests by reason (capacity: refused by admission).",
+            _labels(model_name=model_name, reason="capacity"),
+            stats.waiting_for_capacity,
+        ),
+        (
+            "vllm:num_requests_waiting_by_reason",
+            "gauge",
+            "Waiting requests by reason (capacity: refused by admission).",
+            _labels(model_name=model_name, reason="deferred"),
+            stats.waiting - stats.waiting_for_capacity,
+        ),
         ("vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 1 is full.", m, usage),
         (
             "vllm:num_preemptions_total",
@@ -61,9 +75,12 @@ def render_metrics(stats: EngineStats, model_name: str) -> str:
         ("tracerl:paused", "gauge", "1 while generation is paused.", m, int(stats.paused)),
     ]
     lines = []
+    previous = None
     for name, kind, help_text, labels, value in rows:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
+        if name != previous:  # one HELP/TYPE per metric, however many labelled samples
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+        previous = name
         lines.append(f"{name}{labels} {float(value)!r}")
     if stats.finished_total:
         lines.append("# HELP vllm:request_success_total Finished requests by reason.")

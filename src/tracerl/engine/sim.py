@@ -425,6 +425,7 @@ class SimEngine:
         s = self._stats
         s.running = len(self._running)
         s.waiting = len(self._waiting)
+        s.waiting_for_capacity = 0 if self._pause is not None else s.waiting
         s.kv_used_tokens = self._kv_used()
         s.weight_version = self.weight_version
         s.paused = self._pause is not None

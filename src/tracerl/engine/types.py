@@ -132,6 +132,9 @@ class EngineStats:
 
     running: int = 0
     waiting: int = 0
+    waiting_for_capacity: int = 0
+    """Waiting requests the last admission refused for want of KV or a running slot (not
+    arrivals since, nor anything while paused): what an overload looks like."""
     kv_used_tokens: int = 0
     kv_capacity_tokens: int = 0
     block_size: int = 1

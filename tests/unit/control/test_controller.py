@@ -42,9 +42,15 @@ class Harness:
         capacity: int = 100_000,
         max_len: int = 4096,
         role: str = "decode",
+        paused: bool = False,
+        arrived: int = 0,
     ) -> str:
+        """`queued`: refused by admission (capacity); `arrived`: waiting, not yet considered."""
         self.now += 5.0
-        load = EngineLoad(capacity, max_len, usage, running, queued, queued, preemptions, role)  # type: ignore[arg-type]
+        load = EngineLoad(
+            capacity, max_len, usage, running, queued + arrived, queued, preemptions,
+            role, paused,  # type: ignore[arg-type]
+        )  # fmt: skip
         return self.ctl.observe([load], self.now)
 
     def complete(self, tokens: int = 2000, kind: str = "train", env: str = "e") -> None:
@@ -317,3 +323,24 @@ def test_state_round_trips_for_resume() -> None:
     assert resumed.cap == h.cap  # no second bootstrap, and the freeze stays over
     resumed.turnover()
     assert resumed.cap > h.cap
+
+
+def test_a_weight_sync_pause_and_a_slower_engine_are_not_overload() -> None:
+    """The quickstart's cut to 2 on a light workload: while a weight sync paused the engine,
+    nothing ran and arrivals queued; read as capacity queueing, the cut backed off from a
+    served share of zero down to min_inflight. Paused polls say nothing, and requests that only
+    wait for the next engine step (a step slowed by training on the same cores) are deferred,
+    not refused for capacity."""
+    h = Harness(initial_inflight=64, frozen_steps=0)
+    h.inflight = 64
+    for _ in range(c.QUEUE_PERSISTENCE_POLLS + 2):
+        # paused in place: the running batch is held, arrivals wait (reported as waiting)
+        assert h.poll(running=8, queued=40, usage=0.05, paused=True) == "CLEAR"
+    for _ in range(c.QUEUE_PERSISTENCE_POLLS + 2):
+        assert h.poll(running=24, arrived=40, usage=0.1) == "CLEAR"
+    for _ in range(c.QUEUE_PERSISTENCE_POLLS + 2):  # an unpaused stall: no served share
+        assert h.poll(running=0, queued=40, usage=0.0) == "CLEAR"
+    assert h.cap == 64 and h.ctl.state.cuts == 0 and h.overloads == []
+    for _ in range(c.QUEUE_PERSISTENCE_POLLS):  # real refusals still cut
+        signal = h.poll(running=24, queued=40, usage=0.97)
+    assert signal == "HARD" and h.cap is not None and h.cap < 64

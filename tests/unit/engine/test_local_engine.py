@@ -164,6 +164,32 @@ async def test_abort_all_covers_waiting_requests(make_engine) -> None:
     assert sum(len(o.output_ids) == 0 for o in outs) == 2  # the queued ones never started
 
 
+async def test_only_admission_refusals_count_as_waiting_for_capacity(make_engine) -> None:
+    """What the controller reads as overload: requests admission refused (here: no running
+    slot), never arrivals waiting out a pause."""
+    from tracerl.control.collector import MetricsCollector
+
+    engine = make_engine(max_running_requests=1)
+    loads = []
+    collector = MetricsCollector({"e": engine}, lambda samples, now: loads.extend(samples))
+    tasks = [
+        asyncio.create_task(
+            engine.generate(req(prompt(3, 200 + i), max_new_tokens=1000, ignore_eos=True))
+        )
+        for i in range(3)
+    ]
+    await wait_until(lambda: engine.stats().waiting_for_capacity == 2)
+    await collector.poll_once()
+    assert (loads[-1].waiting_for_capacity, loads[-1].paused) == (2, False)
+    await engine.pause("in_place")
+    await collector.poll_once()
+    assert loads[-1].paused and loads[-1].waiting_for_capacity == 0
+    assert loads[-1].waiting == 2 and loads[-1].running == 1
+    await engine.resume()
+    assert await engine.abort(abort_all=True) == 3
+    await asyncio.gather(*tasks)
+
+
 async def test_pause_in_place_holds_everything_until_continue(make_engine) -> None:
     engine = make_engine()
     running = asyncio.create_task(
