@@ -15,6 +15,7 @@ BENCHMARKS = {
     "concurrency": "tracerl.bench.concurrency",
     "loop": "tracerl.bench.loop",
     "train": "tracerl.bench.train",
+    "learn": "tracerl.bench.learn",
 }
 
 

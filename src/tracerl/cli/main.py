@@ -224,6 +224,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload",
         help="concurrency: a JSON file with one workload object or a list (default: built-ins)",
     )
+    bench.add_argument("--minutes", type=float, default=15.0, help="learn: budget per run")
+    bench.add_argument("--seeds", type=int, default=3, help="learn: seeds per system and task")
+    bench.add_argument("--tasks", default="hard,medium", help="learn: tasks (comma-separated)")
+    bench.add_argument(
+        "--systems", default="tracerl-grpo,tracerl-ppo,trl", help="learn: systems to run"
+    )
+    bench.add_argument("--eval-every", type=int, default=20, help="learn: tracerl eval interval")
+    bench.add_argument("--work-dir", help="learn: where runs go (default runs/bench-learn-TIME)")
     bench.set_defaults(func=_cmd_bench)
     return parser
 

@@ -6,7 +6,7 @@ trainer; sections for the engine and gateway hold only what is theirs. No torch 
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -25,6 +25,12 @@ class LoopConfig(Config):
     """How many weight versions a trajectory may lag the step that trains on it; older ones are
     dropped and counted. 0 is synchronous: rollouts for step n+1 start after step n's weights
     are in the engines."""
+    engines_while_training: Literal["auto", "run", "pause"] = "auto"
+    """What the engines do while a step trains: run (rollouts overlap training), or pause in
+    place (requests keep their KV; the new weights are pushed before they resume). auto pauses
+    embedded engines when the trainer is on the CPU too: two torch thread pools on the same
+    cores slow each other down (measured on 2 cores: 24 steps in 4 minutes paused, 22 running,
+    and a tenth of the groups went stale; README)."""
     episode_timeout_s: float = Field(default=600.0, gt=0)
     """An episode running longer fails (with its reason) and never reaches the trainer."""
     checkpoint_every: int = Field(default=1, ge=1)

@@ -423,14 +423,23 @@ class RLLoop:
         rollouts = [r for g in groups for r in g.rollouts]
         started = time.monotonic()
         self._training = True  # from here the step completes even if a stop is asked
+        pause = self._pause_engines_while_training()
         try:
+            if pause:  # the cores are the trainer's; requests keep their KV and wait
+                await self.pool.pause("in_place")
             metrics = await asyncio.to_thread(self.trainer.step, samples)
             train_s = time.monotonic() - started
+            if pause and not self._no_eval.is_set():  # the eval in flight needs the engines
+                await self.pool.resume()
+                pause = False
             await self._eval_or_stop()  # an eval in flight measures the weights it started on
             synced = time.monotonic()
+            # still paused: the engines take the weights at once, not after their next step
             await self.pool.update_weights(None, step, self.trainer.actor_named_tensors())
             sync_s = time.monotonic() - synced
         finally:
+            if pause:
+                await self.pool.resume()
             self._training = False
         self.step = step
         self.controller.on_step(step, asyncio.get_running_loop().time())
@@ -457,6 +466,15 @@ class RLLoop:
             }
         )
         return record
+
+    def _shares_cpu(self) -> bool:
+        """The trainer and the engines compute on the same cores: embedded engines with a CPU
+        trainer (given engines, the benchmarks' simulated ones, do no compute here)."""
+        return self._given_engines is None and self.trainer.device.type == "cpu"
+
+    def _pause_engines_while_training(self) -> bool:
+        mode = self.config.loop.engines_while_training
+        return mode == "pause" or (mode == "auto" and self._shares_cpu())
 
     async def _eval_or_stop(self) -> None:
         """Wait until no eval is in flight, or the loop is stopping (its eval is discarded)."""

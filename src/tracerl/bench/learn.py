@@ -1,0 +1,271 @@
+"""`tracerl bench learn`: how much each system learns in the same wall-clock budget.
+
+For each task (`hard`: base greedy accuracy <= 2 %, `medium`: 5-30 %; `learn_tasks`) and seed,
+every system trains SmolLM2-135M-Instruct on the same train prompts with the same reward, batch
+(4 prompts x 8 samples), learning rate (constant), sampling (temperature 1, 12 new tokens) and
+budget (`--minutes`, from its process's start: imports and model loading are charged):
+
+- `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config, as a user runs it, with
+  `loop.max_minutes` as the budget (its periodic greedy evals, through its own engine, are
+  charged to its budget);
+- `trl`: TRL's `GRPOTrainer` (`learn_trl`, loss `dapo`, beta 0), its periodic evals not charged.
+
+The judge is one function for all: greedy accuracy on 200 held-out prompts (disjoint from the
+train prompts) with plain HF `generate`, on the base model (before) and on each run's final
+weights (after). One JSON line per run, then the summary: per system and task, mean / worst /
+best accuracy after and steps; the ratios against TRL; the targets and `target_met`. The curves
+(held-out accuracy against minutes) are drawn to `WORK_DIR/learn_curves.png` (as `tracerl
+plot WORK_DIR` draws them).
+
+Targets (issue 12), on each task over the seeds run: tracerl-grpo's mean >= 1.3x TRL's mean, its
+worst seed >= TRL's worst, its steps >= 1.5x TRL's; tracerl-ppo's mean >= TRL's mean. It needs
+the `bench` extra (`trl`); nothing in the package imports TRL otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tracerl.bench.learn_tasks import DEFAULT_HELDOUT, DEFAULT_MAX_NEW_TOKENS, split_tasks
+from tracerl.run.plot import plot_learn
+
+SYSTEMS = ("tracerl-grpo", "tracerl-ppo", "trl")
+TASKS = ("hard", "medium")
+# Enough train prompts that no run reaches the end of an epoch within 15 minutes.
+TRAIN_PROMPTS = 5000
+# What one run may take beyond its budget (its final eval, the judge, a slow exit) before the
+# benchmark gives up on it.
+OVERRUN_S = 900.0
+LR = 5e-6
+PROMPTS_PER_STEP, GROUP_SIZE = 4, 8
+
+
+def tracerl_config(
+    algorithm: str, train: Path, heldout: Path, seed: int, minutes: float, eval_every: int
+) -> str:
+    """The `tracerl train` config of one run: the issue's settings, nothing tuned per task."""
+    return f"""
+[trainer]
+model = "smollm2-135m"
+algorithm = "{algorithm}"
+temperature = 1.0
+seed = {seed}
+token_budget = 4096
+
+[trainer.actor]
+lr = {LR}
+schedule = "constant"
+
+[env]
+name = "arithmetic"
+
+[env.sampling]
+temperature = 1.0
+max_tokens = {DEFAULT_MAX_NEW_TOKENS}
+
+[dataset]
+path = "{train}"
+seed = {seed}
+
+[eval_dataset]
+path = "{heldout}"
+shuffle = false
+
+[orchestrator]
+batch_size = {PROMPTS_PER_STEP * GROUP_SIZE}
+group_size = {GROUP_SIZE}
+
+[loop]
+steps = 100000
+max_minutes = {minutes}
+seed = {seed}
+# a checkpoint is written at the end (the judge reads it); one per step would cost ~1 s each
+checkpoint_every = 100000
+
+[eval]
+every = {eval_every}
+
+[engine]
+kv_cache_tokens = 16384
+max_running_requests = 64
+max_model_len = 512
+
+[logging]
+progress = false
+"""
+
+
+def run_tracerl(
+    algorithm: str, task_dir: Path, seed: int, minutes: float, eval_every: int
+) -> dict[str, Any]:
+    """One `tracerl train` process; its steps, curve, and the judge on its final checkpoint."""
+    run_dir = task_dir / f"tracerl-{algorithm}-seed{seed}"
+    config = task_dir / f"tracerl-{algorithm}-seed{seed}.toml"
+    config.write_text(
+        tracerl_config(
+            algorithm, (task_dir / "train.jsonl").resolve(),
+            (task_dir / "heldout.jsonl").resolve(), seed, minutes, eval_every,
+        )
+    )  # fmt: skip
+    command = [sys.executable, "-m", "tracerl.cli.main", "train", str(config)]
+    started = time.monotonic()
+    with (task_dir / f"{run_dir.name}.log").open("w") as log:
+        subprocess.run(
+            [*command, "--run-dir", str(run_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=minutes * 60 + OVERRUN_S,
+            check=True,
+        )
+    wall = time.monotonic() - started
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "rollout/reward_mean" in r]
+    evals = [r for r in records if "eval/accuracy" in r]
+    return {
+        "system": f"tracerl-{algorithm}",
+        "seed": seed,
+        "steps": len(steps),
+        "accuracy_after": judge_checkpoint(run_dir / "checkpoints", task_dir),
+        "own_eval_after": evals[-1]["eval/accuracy"] if evals else None,
+        "curve": [[r["time/elapsed_s"] / 60, r["eval/accuracy"]] for r in evals],
+        "train_reward": [r["rollout/reward_mean"] for r in steps],
+        "wall_s": wall,
+    }
+
+
+def judge_checkpoint(checkpoints: Path, task_dir: Path) -> float:
+    """Greedy held-out accuracy of the newest checkpoint's actor."""
+    from safetensors.torch import load_model
+
+    from tracerl.bench.learn_tasks import greedy_accuracy, load_policy
+    from tracerl.train.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(checkpoints)
+    if latest is None:
+        raise RuntimeError(f"{checkpoints}: no checkpoint to judge")
+    model, tokenizer = load_policy()
+    load_model(model, str(latest / "actor.safetensors"), strict=True)
+    return greedy_accuracy(model, tokenizer, read_jsonl(task_dir / "heldout.jsonl"))
+
+
+def run_trl(task_dir: Path, seed: int, minutes: float, eval_every_min: float) -> dict[str, Any]:
+    out = task_dir / f"trl-seed{seed}"
+    command = [
+        sys.executable, "-m", "tracerl.bench.learn_trl",
+        "--train", str(task_dir / "train.jsonl"), "--heldout", str(task_dir / "heldout.jsonl"),
+        "--seed", str(seed), "--minutes", str(minutes), "--out", str(out), "--lr", str(LR),
+        "--prompts-per-step", str(PROMPTS_PER_STEP), "--group-size", str(GROUP_SIZE),
+        "--max-new-tokens", str(DEFAULT_MAX_NEW_TOKENS), "--eval-every-min", str(eval_every_min),
+    ]  # fmt: skip
+    started = time.monotonic()
+    with (task_dir / f"{out.name}.log").open("w") as log:
+        subprocess.run(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=minutes * 60 + OVERRUN_S * 2,  # its evals are added to its deadline
+            check=True,
+        )
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    result["wall_s"] = time.monotonic() - started
+    return result
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def summarise(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
+    """Per task and system: accuracy mean / worst / best, steps; ratios and targets vs TRL."""
+    summary: dict[str, Any] = {"tasks": {}}
+    met = True
+    for task in tasks:
+        per: dict[str, dict[str, float]] = {}
+        for system in SYSTEMS:
+            mine = [r for r in runs if r["task"] == task and r["system"] == system]
+            if not mine:
+                continue
+            acc = [r["accuracy_after"] for r in mine]
+            per[system] = {
+                "seeds": len(mine),
+                "accuracy_mean": statistics.fmean(acc),
+                "accuracy_worst": min(acc),
+                "accuracy_best": max(acc),
+                "steps_mean": statistics.fmean(r["steps"] for r in mine),
+            }
+        entry: dict[str, Any] = {"systems": per}
+        trl, grpo, ppo = per.get("trl"), per.get("tracerl-grpo"), per.get("tracerl-ppo")
+        if trl and grpo:
+            ratio = grpo["accuracy_mean"] / max(trl["accuracy_mean"], 1e-9)
+            steps = grpo["steps_mean"] / max(trl["steps_mean"], 1e-9)
+            entry["grpo_vs_trl"] = {"accuracy_mean_ratio": ratio, "steps_ratio": steps}
+            targets = {
+                "grpo_mean_ge_1.3x_trl": ratio >= 1.3,
+                "grpo_worst_ge_trl_worst": grpo["accuracy_worst"] >= trl["accuracy_worst"],
+                "grpo_steps_ge_1.5x_trl": steps >= 1.5,
+            }
+            if ppo:
+                targets["ppo_mean_ge_trl_mean"] = ppo["accuracy_mean"] >= trl["accuracy_mean"]
+            entry["targets"] = targets
+            met = met and all(targets.values())
+        else:
+            met = False
+        summary["tasks"][task] = entry
+    summary["target_met"] = met
+    return summary
+
+
+def main(args: argparse.Namespace) -> int:
+    from tracerl.bench.learn_tasks import greedy_accuracy, load_policy
+
+    tasks = [t for t in args.tasks.split(",") if t]
+    systems = [s for s in args.systems.split(",") if s]
+    for name, allowed, given in (("--tasks", TASKS, tasks), ("--systems", SYSTEMS, systems)):
+        unknown = sorted(set(given) - set(allowed))
+        if unknown or not given:
+            raise SystemExit(f"bench learn: {name} takes some of {', '.join(allowed)}")
+    if "trl" in systems:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            raise SystemExit("bench learn: TRL is missing: pip install -e '.[bench]'") from None
+    work = Path(args.work_dir or f"runs/bench-learn-{time.strftime('%Y%m%d-%H%M%S')}")
+    work.mkdir(parents=True, exist_ok=False)
+    runs = []
+    for task in tasks:
+        task_dir = work / task
+        task_dir.mkdir()
+        train, heldout = split_tasks(task, TRAIN_PROMPTS, DEFAULT_HELDOUT, seed=0)
+        write_jsonl(task_dir / "train.jsonl", train)
+        write_jsonl(task_dir / "heldout.jsonl", heldout)
+        model, tokenizer = load_policy()
+        before = greedy_accuracy(model, tokenizer, heldout)
+        del model
+        print(json.dumps({"task": task, "accuracy_before": before}), flush=True)
+        for seed in range(args.seeds):
+            for system in systems:
+                if system == "trl":
+                    result = run_trl(task_dir, seed, args.minutes, args.minutes / 3)
+                else:
+                    algorithm = system.removeprefix("tracerl-")
+                    result = run_tracerl(algorithm, task_dir, seed, args.minutes, args.eval_every)
+                result.update(task=task, accuracy_before=before)
+                runs.append(result)
+                print(json.dumps(result), flush=True)
+                write_jsonl(work / "runs.jsonl", runs)
+    plot_learn(work)
+    summary = summarise(runs, tasks)
+    summary.update(minutes=args.minutes, seeds=args.seeds, work_dir=str(work))
+    print(json.dumps(summary), flush=True)
+    return 0

@@ -1,0 +1,262 @@
+"""The TRL baseline of `tracerl bench learn`: TRL's `GRPOTrainer` on a task file for a wall-clock
+budget, with the held-out greedy accuracy measured along the way, written to `OUTDIR/result.json`.
+
+Runs as its own process, so TRL's imports, model load and trainer setup are charged to its budget:
+the clock starts before any heavy import. Held-out evals run from a callback between optimizer
+steps; their time is added back to the deadline and left out of the curve's minutes, so both
+systems are compared on training time alone. The accuracy before training is the orchestrator's
+to measure (it is the same base model for every system); this module reports the periodic evals
+and one on the final weights.
+
+The optimizer step is the unit: `--prompts-per-step` x `--group-size` completions (4 x 8 = 32)
+are generated with the current weights and used for exactly one update (on-policy, no reference
+model). It does not choose tasks (`learn_tasks`) or compare systems.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+STARTED_AT = time.monotonic()
+"""The budget's origin, taken before torch, transformers and tracerl.envs are imported (~1.5 s
+here); trl is imported when training starts."""
+
+import torch  # noqa: E402  (charged to the budget, so imported after STARTED_AT)
+from transformers import (  # noqa: E402
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
+from tracerl.bench.learn_tasks import (  # noqa: E402
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MODEL,
+    greedy_accuracy,
+    load_policy,
+)
+from tracerl.envs.base import Task  # noqa: E402
+from tracerl.envs.rewards import exact_answer_reward  # noqa: E402
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from trl import GRPOConfig
+
+# A step never ends on its own once training runs: the deadline callback stops it.
+MAX_STEPS = 100_000
+
+
+def read_tasks(path: Path) -> list[Task]:
+    """Rows `{"prompt": str, "answer": int}` of a JSONL file."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def exact_answer(
+    completions: list[list[dict[str, str]]], answer: list[int], **_: Any
+) -> list[float | None]:
+    """TRL reward function: `exact_answer_reward` on each conversational completion's text
+    (TRL passes the dataset's `answer` column alongside, one entry per completion). Typed as
+    TRL's `RewardFunc`, whose entries may be None for "not applicable"; these never are."""
+    return [
+        exact_answer_reward({"answer": a}, c[-1]["content"])
+        for c, a in zip(completions, answer, strict=True)
+    ]
+
+
+def grpo_config(args: argparse.Namespace) -> GRPOConfig:
+    """The baseline's GRPO settings: one on-policy DAPO update per generated batch, no KL."""
+    from trl import GRPOConfig
+
+    completions = args.prompts_per_step * args.group_size
+    return GRPOConfig(
+        output_dir=str(args.out),
+        # One generation batch of `completions` feeds exactly one optimizer step: TRL counts
+        # `per_device_train_batch_size` in completions, and with one accumulation step
+        # `steps_per_generation` defaults to 1, so `generation_batch_size` = `completions`.
+        per_device_train_batch_size=completions,
+        gradient_accumulation_steps=1,
+        num_generations=args.group_size,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        loss_type="dapo",
+        beta=0.0,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_steps=MAX_STEPS,
+        seed=args.seed,
+        use_cpu=True,
+        bf16=False,
+        # TRL's config turns (gradient) checkpointing on by default; a 135M model needs no memory
+        # saving, and recomputing activations would only slow the baseline down. Set under its
+        # transformers 5 name: the old name is a deprecated alias that warns.
+        activation_checkpointing=False,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+    )
+
+
+class BudgetCallback(TrainerCallback):
+    """Stops training once the budget is spent and runs the periodic held-out evals.
+
+    Budget time is wall time since `STARTED_AT` minus the time spent in evals; a stop is
+    checked at each step's end, so the last step may overrun the budget by up to one step."""
+
+    def __init__(
+        self,
+        minutes: float,
+        eval_every_min: float,
+        tokenizer: PreTrainedTokenizerBase,
+        heldout: list[Task],
+        max_new_tokens: int,
+    ) -> None:
+        self.budget_s = minutes * 60
+        self.eval_every_s = eval_every_min * 60
+        self.next_eval_s = self.eval_every_s
+        self.tokenizer = tokenizer
+        self.heldout = heldout
+        self.max_new_tokens = max_new_tokens
+        self.eval_s = 0.0
+        self.load_s = 0.0
+        self.step_started = 0.0
+        self.curve: list[list[float]] = []
+        self.train_reward: list[float] = []
+        self.step_times_s: list[float] = []
+
+    def budget_used_s(self) -> float:
+        """Seconds of the budget spent so far (wall time since start, evals excluded)."""
+        return time.monotonic() - STARTED_AT - self.eval_s
+
+    def evaluate(self, model: PreTrainedModel) -> None:
+        """Append the held-out greedy accuracy at the current budget time, not charging its time."""
+        minutes = self.budget_used_s() / 60
+        began = time.monotonic()
+        accuracy = greedy_accuracy(model, self.tokenizer, self.heldout, self.max_new_tokens)
+        self.eval_s += time.monotonic() - began
+        self.curve.append([round(minutes, 3), accuracy])
+        log(f"eval at {minutes:.2f} min: held-out greedy accuracy {accuracy:.3f}")
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.load_s = time.monotonic() - STARTED_AT
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.step_started = time.monotonic()
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.step_times_s.append(time.monotonic() - self.step_started)
+        used = self.budget_used_s()
+        if used >= self.budget_s:
+            control.should_training_stop = True
+        elif used >= self.next_eval_s:
+            self.evaluate(kwargs["model"])
+            while self.next_eval_s <= used:
+                self.next_eval_s += self.eval_every_s
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if logs and "reward" in logs:
+            self.train_reward.append(float(logs["reward"]))
+            log(
+                f"step {state.global_step}: reward {logs['reward']:.3f} "
+                f"({self.step_times_s[-1]:.1f} s, budget used {self.budget_used_s() / 60:.2f} min)"
+            )
+
+
+def log(message: str) -> None:
+    """Progress to stderr: stdout carries only the result line."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Load the model, run GRPO until the budget is spent, evaluate the final weights."""
+    from datasets import Dataset
+    from transformers import PrinterCallback
+    from trl import GRPOTrainer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    heldout = read_tasks(args.heldout)
+    rows = [
+        {"prompt": [{"role": "user", "content": t["prompt"]}], "answer": t["answer"]}
+        for t in read_tasks(args.train)
+    ]
+    model, tokenizer = load_policy(args.model)
+    budget = BudgetCallback(
+        args.minutes, args.eval_every_min, tokenizer, heldout, args.max_new_tokens
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=exact_answer,
+        args=grpo_config(args),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[budget],
+    )
+    # With tqdm off, transformers prints every log dict to stdout, which carries only the result.
+    trainer.remove_callback(PrinterCallback)
+    trainer.train()
+    budget.evaluate(model)
+    return {
+        "system": "trl",
+        "seed": args.seed,
+        "steps": trainer.state.global_step,
+        "minutes": args.minutes,
+        "accuracy_after": budget.curve[-1][1],
+        "curve": budget.curve,
+        "train_reward": budget.train_reward,
+        "step_times_s": [round(s, 3) for s in budget.step_times_s],
+        "load_s": round(budget.load_s, 3),
+        "eval_s": round(budget.eval_s, 3),
+    }
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tracerl.bench.learn_trl", description=__doc__)
+    parser.add_argument("--train", type=Path, required=True, help="train tasks (JSONL)")
+    parser.add_argument("--heldout", type=Path, required=True, help="held-out tasks (JSONL)")
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--minutes", type=float, required=True, help="wall-clock budget")
+    parser.add_argument("--out", type=Path, required=True, help="directory for result.json")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="built-in name or HF directory")
+    parser.add_argument("--lr", type=float, default=5e-6)
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--eval-every-min", type=float, default=5.0, help="budget minutes")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train, write `OUTDIR/result.json` and print it as one JSON line."""
+    args = parse(argv)
+    result = train(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "result.json").write_text(json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
