@@ -17,6 +17,13 @@ corrects what remains), train on them in a worker thread (the event loop keeps s
 gateway and the engine), push the new weights to the engines through the pool (version = step),
 checkpoint, then log. Synchronous mode (`max_off_policy_steps = 0`) stops admissions and sheds
 what is in flight while a step trains, so every trajectory comes from the current weights.
+Embedded engines sharing the CPU with the trainer are paused in place while it trains and take
+the new weights before they resume (`loop.engines_while_training`).
+
+Evals (`[eval]`, greedy by default) run on exactly one weight version: while one is in flight
+no training episode is admitted and no newer weights are pushed; the controller never sheds
+eval episodes. `loop.max_minutes` ends the run at a wall-clock budget from process start, with
+a final eval. `RUN_DIR/groups.jsonl` says, per group, which step trained on it or why none did.
 
 Checkpoints are written before a step's metrics line, so a logged step always has one; a
 `kill -9` loses at most the step in progress (a resumed run drops any later lines from
@@ -31,7 +38,6 @@ import contextlib
 import inspect
 import json
 import logging
-import os
 import signal
 import statistics
 import time
@@ -45,27 +51,13 @@ from tracerl.control.controller import ConcurrencyController, Kind
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode
 from tracerl.control.dispatcher import EpisodeResult as DispatchResult
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
-from tracerl.run.metrics import MetricsLog, Progress, truncate_metrics
+from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, GroupBuffer, Rollout
 
 log = logging.getLogger(__name__)
 
 # A step waiting while this many steps' worth of groups came back uniform gets a warning.
 UNIFORM_WARNING_STEPS = 4
-
-
-def process_elapsed_s() -> float:
-    """Seconds since this process started (Linux: from /proc; elsewhere since this import), so a
-    time budget includes interpreter start-up and model loading."""
-    try:
-        with open("/proc/self/stat") as f:
-            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        return time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.monotonic() - _IMPORTED_AT
-
-
-_IMPORTED_AT = time.monotonic()
 
 
 class RLLoop:

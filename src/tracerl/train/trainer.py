@@ -12,10 +12,13 @@ A PPO step: reference log-probs (KL configured) -> behaviour log-probs (KL-in-re
 `recompute`) -> critic values under no_grad -> token rewards (terminal score, minus
 beta * KL) -> GAE -> critic updates -> actor updates (PPO-clip with TIS against the rollout
 log-probs). During `critic_warmup_steps` it stops after the critic: no actor forward, update or
-schedule step, and KL-in-reward uses the rollout log-probs. A group-baseline step drops
-uniform-reward groups (counted), takes `group_advantages` for every action token of a
-trajectory, and updates the actor (optionally with the KL loss). Phases go through
-`MemoryPhases`, which on CUDA moves the models not in use to the host.
+schedule step, and KL-in-reward uses the rollout log-probs. A group-baseline step takes
+`group_advantages` for every action token of a trajectory and updates the actor (optionally
+with the KL loss); uniform-reward groups are counted, and either dropped
+(`filter_uniform_groups`) or kept: a sample whose advantage is 0 (without a KL loss) counts in
+the loss denominators but is never forwarded, since its gradient is exactly zero, and a batch
+with no signal still steps the optimizer (AdamW's momentum), as training on it would. Phases
+go through `MemoryPhases`, which on CUDA moves the models not in use to the host.
 
 Models run in eval mode (no dropout), so the first update's ratio is exactly 1. When the actor
 makes one update per step its old log-probs are that update's own forward (detached); with
