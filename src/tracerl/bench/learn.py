@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.bench.learn_tasks import DEFAULT_HELDOUT, DEFAULT_MAX_NEW_TOKENS, split_tasks
+from tracerl.envs.dataset import read_jsonl
+from tracerl.run.metrics import read_metrics
 from tracerl.run.plot import plot_learn
 
 SYSTEMS = ("tracerl-grpo", "tracerl-ppo", "trl")
@@ -125,7 +127,7 @@ def run_tracerl(
             check=True,
         )
     wall = time.monotonic() - started
-    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in records if "rollout/reward_mean" in r]
     evals = [r for r in records if "eval/accuracy" in r]
     return {
@@ -176,10 +178,6 @@ def run_trl(task_dir: Path, seed: int, minutes: float, eval_every_min: float) ->
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     result["wall_s"] = time.monotonic() - started
     return result
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -72,13 +72,6 @@ def task_rng(name: str, seed: int) -> random.Random:
     return random.Random(f"tracerl.bench.learn:{name}:{seed}")
 
 
-def make_tasks(task: str, n: int, seed: int) -> list[Task]:
-    """`n` independent draws (`{"prompt", "answer"}`) of `task`, the same for the same seed."""
-    spec = LEARN_TASKS[task]
-    rng = task_rng(spec.name, seed)
-    return [spec.draw(rng) for _ in range(n)]
-
-
 def split_tasks(
     task: str, n_train: int, n_heldout: int, seed: int
 ) -> tuple[list[Task], list[Task]]:

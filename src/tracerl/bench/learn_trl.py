@@ -3,10 +3,10 @@ budget, with the held-out greedy accuracy measured along the way, written to `OU
 
 Runs as its own process, so TRL's imports, model load and trainer setup are charged to its budget:
 the clock starts before any heavy import. Held-out evals run from a callback between optimizer
-steps; their time is added back to the deadline and left out of the curve's minutes, so both
-systems are compared on training time alone. The accuracy before training is the orchestrator's
-to measure (it is the same base model for every system); this module reports the periodic evals
-and one on the final weights.
+steps; their time is added back to the deadline and left out of the curve's minutes, so TRL's
+curve is on training time alone (the tracerl side's evals are charged to its budget). The
+accuracy before training is the orchestrator's to measure (it is the same base model for every
+system); this module reports the periodic evals and one on the final weights.
 
 The optimizer step is the unit: `--prompts-per-step` x `--group-size` completions (4 x 8 = 32)
 are generated with the current weights and used for exactly one update (on-policy, no reference
@@ -41,6 +41,7 @@ from tracerl.bench.learn_tasks import (  # noqa: E402
     load_policy,
 )
 from tracerl.envs.base import Task  # noqa: E402
+from tracerl.envs.dataset import read_jsonl  # noqa: E402
 from tracerl.envs.rewards import exact_answer_reward  # noqa: E402
 
 if TYPE_CHECKING:
@@ -49,11 +50,6 @@ if TYPE_CHECKING:
 
 # A step never ends on its own once training runs: the deadline callback stops it.
 MAX_STEPS = 100_000
-
-
-def read_tasks(path: Path) -> list[Task]:
-    """Rows `{"prompt": str, "answer": int}` of a JSONL file."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def exact_answer(
@@ -194,10 +190,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    heldout = read_tasks(args.heldout)
+    heldout = read_jsonl(args.heldout, ("prompt", "answer"))
     rows = [
         {"prompt": [{"role": "user", "content": t["prompt"]}], "answer": t["answer"]}
-        for t in read_tasks(args.train)
+        for t in read_jsonl(args.train, ("prompt", "answer"))
     ]
     model, tokenizer = load_policy(args.model)
     budget = BudgetCallback(

@@ -52,7 +52,7 @@ from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode
 from tracerl.control.dispatcher import EpisodeResult as DispatchResult
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
-from tracerl.run.rollouts import EpisodeRunner, GroupBuffer, Rollout
+from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +261,7 @@ class RLLoop:
         with (self.run_dir / "episodes_failed.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def _record_group(self, group: Any, outcome: str, step: int | None = None) -> None:
+    def _record_group(self, group: Group, outcome: str, step: int | None = None) -> None:
         """One line per ended group in RUN_DIR/groups.jsonl: the step that trained on it, or
         why it never reached one (uniform rewards, too few successful episodes, stale)."""
         record = {

@@ -281,8 +281,9 @@ class Trainer:
         metrics.set("groups/filtered_samples", float(batch.size - len(samples)))
         # Without a KL loss, a sample whose advantage is 0 has exactly zero gradient: it stays
         # in the denominators (so the update equals training on it) but is never forwarded.
+        per_sample_values = per_sample.tolist()
         zero_grad = frozenset(
-            i for i in samples if cfg.kl_loss_coef == 0 and float(per_sample[i]) == 0.0
+            i for i in samples if cfg.kl_loss_coef == 0 and per_sample_values[i] == 0.0
         )
         computed = [i for i in samples if i not in zero_grad]
         metrics.set("actor/zero_grad_samples", float(len(zero_grad)))
@@ -290,7 +291,7 @@ class Trainer:
             metrics.set("actor/updates", 0.0)
             return samples
         trained_mask = batch.loss_mask.clone()
-        dropped = [i for i in range(batch.size) if i not in samples]
+        dropped = sorted(set(range(batch.size)) - set(samples))
         if dropped:
             trained_mask[batch.token_index(dropped)] = 0
         for key, value in token_stats(advantages, trained_mask).items():
