@@ -16,6 +16,7 @@ BENCHMARKS = {
     "loop": "tracerl.bench.loop",
     "train": "tracerl.bench.train",
     "learn": "tracerl.bench.learn",
+    "step": "tracerl.bench.step",
 }
 
 
@@ -23,8 +24,11 @@ def run_benchmark(name: str, args: argparse.Namespace) -> int:
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
     module = importlib.import_module(BENCHMARKS[name])
-    if name == "train":  # it parses its own options (see `python -m tracerl.bench.train -h`)
-        code: int = module.main(["--model", args.model, *(["--quick"] if args.quick else [])])
+    if name in ("train", "step"):  # they parse their own options (`python -m MODULE -h`)
+        argv = ["--model", args.model, *(["--quick"] if args.quick else [])]
+        if args.rounds is not None:
+            argv += ["--rounds", str(args.rounds)]
+        code: int = module.main(argv)
     else:
         code = module.main(args)
     return code

@@ -121,6 +121,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     model, tokenizer = load_model_and_tokenizer(args.model)
     lengths = (8, 80) if args.quick else (16, 160)
     n_seq, n_conc = (3, 32) if args.quick else (4, args.requests)
+    rounds = args.rounds if args.rounds is not None else 2
     engine = LocalEngine(
         EngineConfig(model=args.model, max_running_requests=16), model=model, tokenizer=tokenizer
     )
@@ -131,7 +132,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         _run_generate(model, tokenizer, warm, 1)
         # Rounds alternate the two sides so both see the same machine conditions (memory
         # bandwidth here varies by +-20 % between minutes); figures are totals over rounds.
-        for round_index in range(args.rounds):
+        for round_index in range(rounds):
             for label, n, conc in (("c1", n_seq, 1), ("c16", n_conc, 16)):
                 work = _workload(tokenizer, n, lengths, seed=100 * round_index + conc)
                 tokens = sum(k for _, k in work)
@@ -157,7 +158,7 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "threads": torch.get_num_threads(),
         "output_lengths": list(lengths),
-        "rounds": args.rounds,
+        "rounds": rounds,
         **results,
         "preemptions": stats.preemptions_total,
         "targets": {"c16_ratio_min": TARGET_C16, "c1_ratio_min": TARGET_C1},

@@ -210,7 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests", type=int, default=48, help="requests per round in the 16-concurrent run"
     )
     bench.add_argument(
-        "--rounds", type=int, default=2, help="alternating engine/generate rounds (totals)"
+        "--rounds",
+        type=int,
+        default=None,
+        help="timed rounds of each side (engine: 2 alternating engine/generate rounds; "
+        "train, step: 3 steps each)",
     )
     bench.add_argument("--sessions", type=int, default=500, help="faults: soak sessions")
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration")

@@ -88,6 +88,10 @@ class TrainerConfig(Config):
     to the batch's longest; the benchmark baseline). auto: pack with a flash-attention
     implementation, which attends within packed rows for free, else bucket (SDPA would pay
     for attention across the samples of a packed row)."""
+    share_prefix: bool = True
+    """bucket: forward the prompt a group's samples share once per micro-batch row (a tree
+    attention mask) instead of once per sample; the outputs are the same. With 8 samples of a
+    50-token prompt and 12-token answers it cuts the tokens processed ~3x."""
     bucket_split_cost: float = Field(default=DEFAULT_BUCKET_SPLIT_COST, ge=0)
     """bucket: padded tokens one more micro-batch is worth, as a fraction of token_budget
     (lower where compute per token dominates, as on CPUs)."""

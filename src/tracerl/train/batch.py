@@ -15,6 +15,13 @@ included; a longer sample gets a micro-batch of its own):
 - `pad`: naive padding of every sample to the longest of the batch, `token_budget // L` rows
   per micro-batch: the benchmark baseline.
 
+With `share_prefix` (bucket only), the samples of a group that begin with the same prompt
+tokens are laid in one row as a tree: the shared prefix once, then each sample's rest, under a
+4-D attention mask where each rest attends to the prefix and to itself (positions continue from
+the prefix). A group of 8 completions of a 50-token prompt then costs the prompt once instead of
+8 times; the outputs are those of the samples run one by one. The prefix stops before the
+token whose output predicts the first action, so every kept output has a position of its own.
+
 Either way a micro-batch's model outputs are wanted only at positions whose *next* token is an
 action (`keep`); they come back flattened in packed order, so `actions` (their positions in the
 step's packed layout) is all it takes to put results in place.
@@ -172,10 +179,10 @@ class PackedBatch:
 class MicroBatch:
     """One forward/backward's worth of samples and its model input."""
 
-    samples: list[int]  # indices into the step's batch
+    samples: list[int]  # indices into the step's batch, in output order
     input_ids: torch.Tensor  # [R, L]
-    position_ids: torch.Tensor | None  # [1, n] for packed rows
-    attention_mask: torch.Tensor | None  # [R, L] for padded rows
+    position_ids: torch.Tensor | None  # [1, n] for packed rows, [R, L] for tree rows
+    attention_mask: torch.Tensor | None  # [R, L] for padded rows, [R, 1, L, L] bool for trees
     keep: torch.Tensor  # [R, L] bool: outputs wanted here (the next token is an action)
     actions: torch.Tensor  # [k] positions in the step's packed layout, in output order
     tokens: torch.Tensor  # [k] the action tokens, in output order
@@ -243,10 +250,27 @@ def micro_batches(
     token_budget: int,
     batching: Batching,
     split_cost: float | None = None,
+    share_prefix: bool = False,
 ) -> list[MicroBatch]:
     """Cut `samples` (indices into `batch`) into micro-batches under `token_budget`;
-    `split_cost` (bucket) defaults to `token_budget * DEFAULT_BUCKET_SPLIT_COST`."""
+    `split_cost` (bucket) defaults to `token_budget * DEFAULT_BUCKET_SPLIT_COST`.
+    `share_prefix` (bucket): a group's shared prompt is forwarded once (tree rows)."""
     lengths = [batch.lengths[i] for i in samples]
+    if batching == "bucket" and share_prefix:
+        units = prefix_units(batch, samples, token_budget)
+        if any(shared for _, shared in units):
+            cost = token_budget * DEFAULT_BUCKET_SPLIT_COST if split_cost is None else split_cost
+            sizes = [_unit_length(batch, u) for u in units]
+            out = []
+            for part in plan_buckets(sizes, token_budget, cost):
+                chosen_units = [units[j] for j in part]
+                if any(shared for _, shared in chosen_units):
+                    out.append(_build_trees(batch, chosen_units))
+                else:  # nothing shared here: plain rows, without a [L, L] mask
+                    chosen = [u[0][0] for u in chosen_units]
+                    width = max(batch.lengths[i] for i in chosen)
+                    out.append(_build(batch, chosen, "bucket", width))
+            return out
     if batching == "pack":
         plan = plan_packs(lengths, token_budget)
     elif batching == "bucket":
@@ -304,4 +328,102 @@ def _build(batch: PackedBatch, samples: list[int], batching: Batching, width: in
         attention_mask=present.long(),
         keep=keep,
         **common,
+    )
+
+
+Unit = tuple[list[int], int]  # (samples in one tree row, tokens they share at the start)
+
+
+def _first_action(batch: PackedBatch, i: int) -> int:
+    start = int(batch.cu_seqlens[i])
+    mask = batch.loss_mask[start : start + batch.lengths[i]]
+    hits = mask.nonzero()
+    return int(hits[0]) if hits.numel() else batch.lengths[i]
+
+
+def _unit_length(batch: PackedBatch, unit: Unit) -> int:
+    members, shared = unit
+    return shared + sum(batch.lengths[i] - shared for i in members)
+
+
+def prefix_units(batch: PackedBatch, samples: Sequence[int], token_budget: int) -> list[Unit]:
+    """`samples` as tree rows: the members of a group (in the given order) with the number of
+    leading tokens they all share, stopped one token before the earliest first action (so no
+    output that is kept falls in the prefix); a sample sharing nothing is a unit of its own. A
+    unit longer than `token_budget` is cut into consecutive runs of members that fit (each
+    repeats the prefix)."""
+    by_group: dict[int, list[int]] = {}
+    for i in samples:
+        by_group.setdefault(int(batch.group_ids[i]), []).append(i)
+    units: list[Unit] = []
+    for members in by_group.values():
+        shared = _shared_length(batch, members) if len(members) > 1 else 0
+        if shared == 0:
+            units += [([i], 0) for i in members]
+            continue
+        run: list[int] = []
+        for i in members:
+            if run and _unit_length(batch, ([*run, i], shared)) > token_budget:
+                units.append((run, shared) if len(run) > 1 else (run, 0))
+                run = []
+            run.append(i)
+        units.append((run, shared) if len(run) > 1 else (run, 0))
+    return units
+
+
+def _shared_length(batch: PackedBatch, members: list[int]) -> int:
+    limit = min(_first_action(batch, i) for i in members) - 1
+    starts = [int(batch.cu_seqlens[i]) for i in members]
+    rows = torch.stack([batch.token_ids[a : a + limit] for a in starts])  # [m, limit]
+    differs = (rows != rows[:1]).any(0).nonzero()
+    return int(differs[0]) if differs.numel() else max(limit, 0)
+
+
+def _build_trees(batch: PackedBatch, units: list[Unit]) -> MicroBatch:
+    """Tree rows: per unit, its shared prefix (segment 0) then each member's rest (segments
+    1..m); padding is segment -1 and attends to itself only."""
+    device = batch.token_ids.device
+    width = max(_unit_length(batch, u) for u in units)
+    rows = len(units)
+    input_ids = torch.zeros(rows, width, dtype=torch.int64, device=device)
+    positions = torch.zeros(rows, width, dtype=torch.int64, device=device)
+    segments = torch.full((rows, width), -1, dtype=torch.int64, device=device)
+    keep = torch.zeros(rows, width, dtype=torch.bool, device=device)
+    order: list[int] = []
+    actions, counts = [], []
+    for r, (members, shared) in enumerate(units):
+        first = batch.token_index([members[0]])
+        input_ids[r, :shared] = batch.token_ids[first[:shared]]
+        positions[r, :shared] = torch.arange(shared, device=device)
+        segments[r, :shared] = 0
+        column = shared
+        for j, i in enumerate(members, start=1):
+            index = batch.token_index([i])
+            mask = batch.loss_mask[index].bool()
+            rest = batch.lengths[i] - shared
+            span = slice(column, column + rest)
+            input_ids[r, span] = batch.token_ids[index[shared:]]
+            positions[r, span] = torch.arange(shared, batch.lengths[i], device=device)
+            segments[r, span] = j
+            keep[r, column : column + rest - 1] = mask[shared + 1 :]
+            column += rest
+            order.append(i)
+            actions.append(index[mask])
+            counts.append(int(mask.sum()))
+    q, k = segments[:, :, None], segments[:, None, :]
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    allowed = causal[None] & (k >= 0) & ((q == k) | (k == 0))
+    allowed |= torch.eye(width, dtype=torch.bool, device=device)[None]
+    cu = torch.zeros(len(order) + 1, dtype=torch.int64, device=device)
+    cu[1:] = torch.cumsum(torch.tensor(counts, device=device), 0)
+    flat = torch.cat(actions)
+    return MicroBatch(
+        samples=order,
+        input_ids=input_ids,
+        position_ids=positions,
+        attention_mask=allowed[:, None],
+        keep=keep,
+        actions=flat,
+        tokens=batch.token_ids[flat],
+        cu_seqlens=cu,
     )

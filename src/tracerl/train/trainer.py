@@ -188,7 +188,9 @@ class Trainer:
     def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
         cfg = self.config
         split = cfg.token_budget * cfg.bucket_split_cost
-        return micro_batches(batch, samples, cfg.token_budget, self.batching, split)
+        return micro_batches(
+            batch, samples, cfg.token_budget, self.batching, split, share_prefix=cfg.share_prefix
+        )
 
     def _reference_logprobs(
         self, batch: PackedBatch, mbs: list[MicroBatch], metrics: Metrics

@@ -151,7 +151,9 @@ def _update(
         split = config.token_budget * config.bucket_split_cost
         computed = [i for i in part if i not in zero_grad]
         if computed:
-            for mb in micro_batches(batch, computed, config.token_budget, batching, split):
+            for mb in micro_batches(
+                batch, computed, config.token_budget, batching, split, config.share_prefix
+            ):
                 backward(mb, denom, index)
         for p in params:  # what a forward of the zero-gradient samples would have left
             if p.grad is None:

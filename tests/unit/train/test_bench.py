@@ -22,3 +22,15 @@ def test_the_benchmark_prints_one_json_line(capsys: pytest.CaptureFixture[str]) 
     # both layouts computed the same first step from the same weights
     for batched, padded in result["first_step_losses_batched_padded"].values():
         assert batched == pytest.approx(padded, rel=1e-4, abs=1e-6)
+
+
+def test_the_step_benchmark_compares_the_same_update(capsys: pytest.CaptureFixture[str]) -> None:
+    from tracerl.bench import step
+
+    assert step.main(["--model", "tiny", "--quick", "--threads", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["benchmark"] == "step" and result["samples"] == 32
+    assert len(result["trainer_step_s"]) == len(result["plain_step_s"]) == 1
+    # both took the same AdamW step from the same weights and gradient
+    assert result["update_rel_diff"] < 0.01
+    assert isinstance(result["target_met"], bool)
