@@ -116,6 +116,25 @@ async def test_weight_sync_under_load_loses_and_duplicates_nothing(sims, tmp_pat
     assert waiting.counters["aborted_resumed"] == 0
 
 
+async def test_an_in_place_weight_sync_continues_every_request_and_labels_its_tokens(
+    sims, tmp_path
+) -> None:
+    members = await sims(2, time_scale=50.0)  # 400 tokens take ~0.8 s of wall time
+    pool = EnginePool(members, PoolConfig(update_mode="in_place"))
+    streams = [pool.generate_stream(req(f"p{i}", 400)) for i in range(6)]
+    firsts = [await anext(s) for s in streams]  # every request has begun on v0
+    assert all(c.weight_version == 0 and c.finish_reason is None for c in firsts)
+    await pool.update_weights_from_disk(str(tmp_path), 1)
+    for first, stream in zip(firsts, streams, strict=True):
+        chunks = [first, *[c async for c in stream]]
+        ids = [t for c in chunks for t in c.output_ids]
+        assert len(ids) == 400 and chunks[-1].finish_reason == "length"
+        # tokens after the sync came from v1, and the reply says v0 sampled some of them
+        assert chunks[-1].weight_version == 1 and chunks[-1].min_weight_version == 0
+    assert pool.counters["aborted_resumed"] == 0  # nothing was aborted or recomputed
+    assert [m.weight_version for m in pool.members] == [1, 1]
+
+
 async def test_an_engine_that_cannot_take_weights_leaves_rotation(sims, tmp_path) -> None:
     members = await sims(2, faults=[{"fail_weight_updates": True}, {}])
     pool = EnginePool(members)

@@ -228,6 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--workload",
         help="concurrency: a JSON file with one workload object or a list (default: built-ins)",
     )
+    bench.add_argument(
+        "--engine",
+        choices=("sim", "embedded", "both"),
+        default="both",
+        help="loop: simulated engines (tiny trainer), the real model's embedded engine, or both",
+    )
     bench.add_argument("--minutes", type=float, default=15.0, help="learn: budget per run")
     bench.add_argument("--seeds", type=int, default=3, help="learn: seeds per system and task")
     bench.add_argument("--tasks", default="hard,medium", help="learn: tasks (comma-separated)")

@@ -12,7 +12,8 @@ or talks nonsense costs time, never a sample.
   the remaining budget, ids and log-probs concatenated), up to `max_attempts`; 4xx replies are
   not retried. An engine abort (a weight sync) resumes the same way without counting a failure.
 - Weight sync: admission pauses; in-flight requests are aborted and resumed on the new weights,
-  or waited for; every active engine loads the weights and must report the new version; one that
+  paused in place and continued on them (`update_mode = "in_place"`: no KV recomputed), or
+  waited for; every active engine loads the weights and must report the new version; one that
   fails is taken out and restarted rather than left serving old weights. Bounded by a timeout.
 """
 
@@ -362,11 +363,13 @@ class EnginePool:
         self, model_path: str | None, version: int, tensors: Sequence[tuple[str, Any]] | None
     ) -> None:
         active = [m for m in self.members if m.active]
-        if self.config.update_mode == "wait":
+        mode = self.config.update_mode
+        if mode == "wait":
             while any(m.inflight for m in self.members):
                 await asyncio.sleep(0.01)
         else:
-            await asyncio.gather(*(m.engine.pause("abort") for m in active), return_exceptions=True)
+            pause: PauseMode = "abort" if mode == "abort_resume" else "in_place"
+            await asyncio.gather(*(m.engine.pause(pause) for m in active), return_exceptions=True)
         results = await asyncio.gather(
             *(self._load(m, model_path, version, tensors) for m in active), return_exceptions=True
         )
@@ -376,7 +379,7 @@ class EnginePool:
                 self.counters["update_failed"] += 1
                 member.failures = self.config.failure_threshold - 1
                 self._mark(member, False, f"weight update to v{version} failed: {result}")
-        if self.config.update_mode == "abort_resume":
+        if mode != "wait":
             await asyncio.gather(
                 *(m.engine.resume() for m in active if m.active), return_exceptions=True
             )
