@@ -234,7 +234,8 @@ class Trainer:
             rewards = terminal_rewards(batch.rewards, mask, cu)
             if cfg.kl_reward_coef > 0:
                 assert ref is not None
-                behaviour = old if old is not None else batch.rollout_logprobs
+                # recomputed unless configured otherwise; critic warmup has no actor pass
+                behaviour = old if recompute and old is not None else batch.rollout_logprobs
                 kl = kl_per_token(behaviour, ref, cfg.kl_estimator) * mask
                 metrics.mean(
                     "kl/ref_mean", float(kl.sum() / mask.sum().clamp_min(1)), float(mask.sum())

@@ -273,6 +273,29 @@ def test_kl_in_reward_shapes_the_value_targets_and_kl_loss_does_not(
     assert plain["critic/return_mean"] == pytest.approx(sum(scores) / len(scores), rel=1e-6)
 
 
+@pytest.mark.parametrize("mini_batches", [1, 3])
+def test_rollout_behaviour_logprobs_are_used_however_many_actor_updates(
+    make_trainer: MakeTrainer, tiny: tuple[Any, Any], mini_batches: int
+) -> None:
+    """`kl_behavior_logprobs = "rollout"` after critic warmup, also when several actor updates
+    make the step compute old log-probs (which are the reference's here: KL 0 if used)."""
+    model, _ = tiny
+    samples = []
+    for i, (p, c) in enumerate([(4, 4), (3, 2), (6, 5)]):
+        prompt, completion = list(range(20 + i, 20 + i + p)), list(range(3000 + i, 3000 + i + c))
+        lp = (reference_logprobs(model, prompt, completion, 1.0) + 0.5).tolist()
+        samples.append(
+            TrainSample(prompt + completion, [0] * p + [1] * c, [0.0] * p + lp, 1.0 + i, i)
+        )
+    trainer = make_trainer(
+        algorithm="ppo", kl_estimator="k1", kl_behavior_logprobs="rollout", kl_reward_coef=0.2,
+        actor={"lr": 1e-3, "mini_batches": mini_batches},
+    )  # fmt: skip
+    metrics = trainer.step(samples)
+    assert metrics["actor/updates"] == mini_batches
+    assert metrics["kl/ref_mean"] == pytest.approx(0.5, rel=1e-4)
+
+
 def test_rollout_logprobs_from_the_same_policy_show_no_mismatch(
     make_trainer: MakeTrainer, tiny: tuple[Any, Any]
 ) -> None:
