@@ -77,3 +77,21 @@ def test_resolved_config_round_trips_through_the_run_directory(tmp_path) -> None
     reloaded = EngineCommandConfig.model_validate_json(path.read_text())
     assert reloaded == config
     assert reloaded.server.host == "127.0.0.1"  # defaults are written out, not implied
+
+
+def test_the_lr_horizon_follows_the_loop_unless_given() -> None:
+    from tracerl.config import TrainCommandConfig
+
+    assert load_config(TrainCommandConfig, None, ["loop.steps=7"]).trainer.total_steps == 7
+    assert load_config(TrainCommandConfig, None, []).trainer.total_steps == 20  # loop's default
+    given = load_config(TrainCommandConfig, None, ["loop.steps=7", "trainer.total_steps=50"])
+    assert given.trainer.total_steps == 50  # a longer horizon may be meant (a later resume)
+    # warmup is checked against the derived horizon
+    with pytest.raises(ConfigError, match=r"actor.lr_warmup_steps \(30\) exceeds total_steps"):
+        load_config(TrainCommandConfig, None, ["trainer.actor.lr_warmup_steps=30"])
+    # a decay to 0 before the loop ends trains nothing after it: refused, naming both fields
+    decays = ["loop.steps=10", "trainer.total_steps=5", "trainer.actor.schedule=linear"]
+    with pytest.raises(ConfigError, match=r"trainer.total_steps \(5\) is below loop.steps \(10\)"):
+        load_config(TrainCommandConfig, None, decays)
+    held = load_config(TrainCommandConfig, None, [*decays, "trainer.actor.min_lr_ratio=0.1"])
+    assert held.trainer.total_steps == 5

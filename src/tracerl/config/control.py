@@ -14,8 +14,9 @@ class ConcurrencyConfig(Config):
     """Starting cap; unset bootstraps once from the engines' KV capacity / max model length."""
     min_inflight: int = Field(default=1, ge=1)
     """Hard floor of the cap (min = max pins it: fixed concurrency)."""
-    max_inflight: int = Field(default=1024, ge=1)
-    """Hard ceiling of the cap."""
+    max_inflight: int | None = Field(default=1024, ge=1)
+    """Hard ceiling of the cap; unset (`None`): no ceiling, the engines' measured capacity
+    alone bounds it."""
     frozen_steps: int = Field(default=1, ge=0)
     """The cap is pinned for the first k step boundaries (HARD cuts still apply)."""
     poll_interval_s: float = Field(default=5.0, gt=0)
@@ -25,12 +26,12 @@ class ConcurrencyConfig(Config):
 
     @model_validator(mode="after")
     def _bounds(self) -> Self:
-        if self.min_inflight > self.max_inflight:
-            raise ValueError(
-                f"min_inflight ({self.min_inflight}) exceeds max_inflight ({self.max_inflight})"
-            )
-        if self.initial_inflight is not None and not (
-            self.min_inflight <= self.initial_inflight <= self.max_inflight
+        ceiling = self.max_inflight
+        if ceiling is not None and self.min_inflight > ceiling:
+            raise ValueError(f"min_inflight ({self.min_inflight}) exceeds max_inflight ({ceiling})")
+        initial = self.initial_inflight
+        if initial is not None and not (
+            self.min_inflight <= initial and (ceiling is None or initial <= ceiling)
         ):
             raise ValueError(
                 f"initial_inflight ({self.initial_inflight}) is outside "

@@ -6,7 +6,7 @@ trainer; sections for the engine and gateway hold only what is theirs. No torch 
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -104,8 +104,33 @@ class TrainCommandConfig(Config):
     """Prepended by the gateway to every session (recorded like any prompt token)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _schedule_follows_the_loop(cls, data: Any) -> Any:
+        """`trainer.total_steps` (the LR schedules' horizon) defaults to `loop.steps`."""
+        if not isinstance(data, dict):
+            return data
+        trainer = data.get("trainer")
+        trainer = trainer.model_dump() if isinstance(trainer, TrainerConfig) else trainer
+        trainer = dict(trainer) if isinstance(trainer, dict) else {}
+        if "total_steps" not in trainer:
+            loop = data.get("loop")
+            steps = loop.steps if isinstance(loop, LoopConfig) else (loop or {}).get("steps")
+            trainer["total_steps"] = steps if steps is not None else LoopConfig().steps
+            data = {**data, "trainer": trainer}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        total, steps = self.trainer.total_steps, self.loop.steps
+        for name, optim in (("actor", self.trainer.actor), ("critic", self.trainer.critic)):
+            if total < steps and optim.schedule != "constant" and optim.min_lr_ratio == 0:
+                raise ValueError(
+                    f"trainer.total_steps ({total}) is below loop.steps ({steps}): the "
+                    f"{optim.schedule} trainer.{name} schedule reaches lr 0 at step {total} and "
+                    "trains nothing after it; leave total_steps unset to follow loop.steps, or "
+                    f"set trainer.{name}.min_lr_ratio"
+                )
         if self.eval.every and self.eval_dataset is None:
             raise ValueError("eval.every is set but eval_dataset is not")
         if self.trainer.algorithm != "ppo" and self.orchestrator.group_size < 2:

@@ -14,7 +14,7 @@ LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
 
 # Fields that may differ between a checkpoint and the run resuming it: they change neither the
 # numbers a step computes nor the shapes of anything saved.
-RESUME_SAFE_FIELDS = frozenset({"keep_last_n", "offload_models"})
+RESUME_SAFE_FIELDS = frozenset({"keep_last_n", "offload_models", "total_steps"})
 # What one more micro-batch is worth in padded tokens, as a fraction of token_budget: a guess
 # between CPUs (compute per token dominates: split freely) and GPUs (a small micro-batch leaves
 # the device idle).
@@ -74,7 +74,9 @@ class TrainerConfig(Config):
     """Rollout sampling temperature: log-probs are log_softmax(logits / T), as the engine
     reports them (0: greedy, reported at T = 1)."""
     total_steps: int = Field(default=1000, ge=1)
-    """Trainer steps the learning-rate schedules span."""
+    """Trainer steps the learning-rate schedules span; `tracerl train` sets it to `loop.steps`
+    unless given. A resume may change it (a longer run): the schedules continue from their
+    position on the new horizon."""
     actor: OptimizerConfig = Field(default_factory=OptimizerConfig)
     """Actor optimisation."""
     critic: CriticOptimizerConfig = Field(default_factory=CriticOptimizerConfig)

@@ -284,7 +284,7 @@ class ConcurrencyController:
         # resident sequences, which a halving overreacts to.
         swamped = s.queue_above(DRAIN_QUEUE_RATIO)
         factor = ESCALATED_BACKOFF_FACTOR if s.escalate and swamped else BACKOFF_FACTOR
-        current = s.cap if s.cap is not None else self.config.max_inflight
+        current = s.cap if s.cap is not None else (self.config.max_inflight or inflight)
         # Back off from the share of in-flight the engines actually serve (requests queued for
         # capacity are episodes they cannot hold), in pool units: idle agents count in both.
         served = inflight * s.served_share
@@ -348,7 +348,8 @@ class ConcurrencyController:
         return self._clamp(math.floor(s.kappa * s.capacity / cost))
 
     def _clamp(self, value: int) -> int:
-        return max(self.config.min_inflight, min(self.config.max_inflight, value))
+        ceiling = self.config.max_inflight
+        return max(self.config.min_inflight, value if ceiling is None else min(ceiling, value))
 
     def _apply(self, cap: int) -> None:
         cap = self._clamp(cap)

@@ -82,6 +82,21 @@ def test_configured_start_is_used_and_bounds_hold() -> None:
     assert h.cap == 50  # no bootstrap over a configured start
 
 
+def test_no_ceiling_lets_the_cap_grow_past_the_default_ceiling() -> None:
+    h = Harness(initial_inflight=1000, max_inflight=None, frozen_steps=0)
+    capped = Harness(initial_inflight=1000, frozen_steps=0)  # max_inflight 1024 by default
+    for harness in (h, capped):
+        harness.poll(capacity=10**9, max_len=10, running=1000, usage=0.1)
+        harness.turnover()
+    assert h.cap == 1250 and capped.cap == 1024  # one 25 % raise, clamped only when capped
+    h.inflight = 1250
+    h.poll(preemptions=2, capacity=10**9, max_len=10, running=1000, usage=0.1)
+    assert h.cap == 1125  # a cut still applies (0.9 x 1250)
+    with pytest.raises(ValueError, match="min_inflight"):
+        ConcurrencyConfig(min_inflight=5, max_inflight=4)
+    assert ConcurrencyConfig(min_inflight=5000, max_inflight=None).max_inflight is None
+
+
 def test_freeze_pins_exactly_the_first_k_steps_but_not_hard_cuts() -> None:
     h = Harness(initial_inflight=20, frozen_steps=1)
     h.poll()
