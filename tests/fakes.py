@@ -8,6 +8,7 @@ that ends without `[DONE]`) to drive each fail-closed path.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ class FakeEngine:
     raws: deque[Raw] = field(default_factory=deque)
     requests: list[dict[str, Any]] = field(default_factory=list)
     weight_version: int = 0
+    hold: asyncio.Event | None = None
+    """When set, every `/generate` waits for it before answering."""
 
     def say(self, *texts: str) -> None:
         self.texts.extend(texts)
@@ -67,6 +70,8 @@ class FakeEngine:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        if self.hold is not None:
+            await self.hold.wait()
         raw = self.raws.popleft() if self.raws else None
         if raw is not None and raw.stream_events is None:
             if raw.text is not None:

@@ -21,6 +21,7 @@ class GatewayHandle:
     url: str
     gateway: Gateway
     store: TraceStore
+    runner: Any = None  # its aiohttp runner: `runner.server.connections` are the open ones
 
     @property
     def admin(self) -> dict[str, str]:
@@ -61,7 +62,7 @@ async def make_gateway(tiny, tmp_path) -> AsyncIterator[Callable[..., Any]]:
         )
         runner, port = await start_server(gateway.app(), "127.0.0.1", 0, cancel_on_disconnect=False)
         started.append((runner, store))
-        return GatewayHandle(f"http://127.0.0.1:{port}", gateway, store)
+        return GatewayHandle(f"http://127.0.0.1:{port}", gateway, store, runner)
 
     yield build
     for runner, store in started:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import time
 from typing import Any
 
@@ -216,6 +218,51 @@ async def test_client_disconnect_mid_stream_still_records(make_engine, make_gate
     assert turn["client_disconnected"] is True
     assert len(turn["completion_ids"]) == len(turn["completion_logprobs"]) > 0
     status, _ = await post(gw.url, session, {**CHAT, "max_tokens": 4})
+    assert status == 200  # the gateway stays healthy
+
+
+@pytest.mark.parametrize("anthropic", [False, True])
+async def test_client_gone_before_the_headers_still_records(
+    fake_engine, make_gateway, anthropic: bool
+) -> None:
+    fake, engine = fake_engine
+    gw = await make_gateway(engine)
+    session = await gw.open_session()
+    fake.hold = asyncio.Event()  # the engine answers only once the client is gone
+    base = session["anthropic_base_url"] + "/v1/messages" if anthropic else (
+        session["openai_base_url"] + "/chat/completions"
+    )
+    path = "/" + base.split("/", 3)[3]
+    payload = json.dumps({**CHAT, "stream": True}).encode()
+    host, port = gw.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {session['api_key']}\r\nx-api-key: {session['api_key']}\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+    )
+    await writer.drain()
+    deadline = time.monotonic() + 30
+    while not fake.requests:  # the gateway is waiting for the engine's first chunk
+        assert time.monotonic() < deadline, "the request never reached the engine"
+        await asyncio.sleep(0.01)
+    # a reset, not a half-close (after which a server may still answer): the connection is lost
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.close()
+    # the gateway has lost the connection (its handler, still running, keeps the entry)
+    while any(c.transport is not None for c in gw.runner.server.connections):
+        assert time.monotonic() < deadline, "the gateway never saw the disconnect"
+        await asyncio.sleep(0.01)
+    fake.hold.set()
+    while await recorded(gw, session) == 0:
+        assert time.monotonic() < deadline, "the turn was never recorded"
+        await asyncio.sleep(0.01)
+    (turn,) = (await gw.trace(session["session_id"]))["turns"]
+    assert turn["client_disconnected"] is True
+    assert len(turn["completion_ids"]) == len(turn["completion_logprobs"]) > 0
+    assert gw.gateway.counters["client_disconnected"] == 1
+    status, _ = await post(gw.url, session, {**CHAT, "max_tokens": 4}, anthropic=anthropic)
     assert status == 200  # the gateway stays healthy
 
 

@@ -375,9 +375,13 @@ class Gateway:
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        await resp.prepare(request)
         writer = api.ChunkWriter(self.model_name, rid, parsed.include_usage)
         gone = False
+        try:
+            await resp.prepare(request)
+        except (ConnectionError, RuntimeError):  # gone before the headers: drain and record
+            gone = True
+            self.counters["client_disconnected"] += 1
 
         async def send(data: bytes) -> None:
             nonlocal gone
