@@ -229,17 +229,20 @@ async def test_client_gone_before_the_headers_still_records(
     gw = await make_gateway(engine)
     session = await gw.open_session()
     fake.hold = asyncio.Event()  # the engine answers only once the client is gone
-    base = session["anthropic_base_url"] + "/v1/messages" if anthropic else (
-        session["openai_base_url"] + "/chat/completions"
+    base = (
+        session["anthropic_base_url"] + "/v1/messages"
+        if anthropic
+        else (session["openai_base_url"] + "/chat/completions")
     )
     path = "/" + base.split("/", 3)[3]
     payload = json.dumps({**CHAT, "stream": True}).encode()
     host, port = gw.url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    _, writer = await asyncio.open_connection(host, int(port))
     writer.write(
         f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
         f"Authorization: Bearer {session['api_key']}\r\nx-api-key: {session['api_key']}\r\n"
-        f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload
+        f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
     )
     await writer.drain()
     deadline = time.monotonic() + 30
