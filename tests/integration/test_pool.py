@@ -80,36 +80,44 @@ async def test_a_hung_engine_is_detected_and_its_work_moves(sims) -> None:
         health_interval_s=0.1, health_timeout_s=0.2, failure_threshold=2, request_timeout_s=0.5
     )
     pool = EnginePool(members, config)
-    started = time.monotonic()
     await pool.start()
+    deadline = time.monotonic() + 60  # liveness only: how fast is `tracerl bench faults`' job
     while pool.members[0].active:
-        assert time.monotonic() - started < 5
+        assert time.monotonic() < deadline, "the hung engine was never taken out"
         await asyncio.sleep(0.01)
-    detected = time.monotonic() - started
-    bound = config.health_interval_s * config.failure_threshold + config.health_timeout_s
-    assert detected <= bound + 0.3, detected  # scheduling slack on a busy machine
+    # taken out by its health checks, after exactly failure_threshold failures in a row
+    assert pool.counters["deactivated"] == 1 and pool.members[1].active
+    assert pool.members[0].failures >= config.failure_threshold
+    assert len(pool.detection_s) == 1
     outs = await asyncio.gather(*(pool.generate(req(f"h{i}", 6)) for i in range(4)))
     assert all(len(o.output_ids) == 6 for o in outs)
     await pool.close()
 
 
 async def test_weight_sync_under_load_loses_and_duplicates_nothing(sims, tmp_path) -> None:
-    members = await sims(2, time_scale=50.0)  # 100 tokens take ~0.2 s of wall time
+    members = await sims(2, time_scale=50.0)  # 400 tokens take ~0.8 s of wall time
     pool = EnginePool(members, PoolConfig(update_mode="abort_resume"))
-    tasks = [asyncio.create_task(pool.generate(req(f"w{i}", 100))) for i in range(8)]
-    await asyncio.sleep(0.05)
+    streams = [pool.generate_stream(req(f"w{i}", 400)) for i in range(8)]
+    firsts = [await anext(s) for s in streams]  # every request has begun on v0
     await pool.update_weights_from_disk(str(tmp_path), 1)
-    outs = await asyncio.gather(*tasks)
+    outs = []
+    for first, stream in zip(firsts, streams, strict=True):
+        chunks = [first, *[c async for c in stream]]
+        assert len({c.rid for c in chunks}) == 1
+        ids = [t for c in chunks for t in c.output_ids]
+        assert len(ids) == len([lp for c in chunks for lp in c.output_logprobs]) == 400
+        outs.append(chunks[-1])
     assert sorted(o.rid for o in outs) == sorted(f"w{i}" for i in range(8))
-    assert all(len(o.output_ids) == len(o.output_logprobs) == 100 for o in outs)
-    assert all(o.weight_version == 1 for o in outs)
     # requests aborted mid-way by the sync carry tokens from both versions, and say so
-    assert any(o.min_weight_version == 0 for o in outs)
-    assert pool.counters["aborted_resumed"] > 0
+    assert all(o.weight_version == 1 and o.min_weight_version == 0 for o in outs)
+    assert pool.counters["aborted_resumed"] == 8
     assert [m.weight_version for m in pool.members] == [1, 1]
     waiting = EnginePool(await sims(2, time_scale=50.0), PoolConfig(update_mode="wait"))
     tasks = [asyncio.create_task(waiting.generate(req(f"v{i}", 50))) for i in range(4)]
-    await asyncio.sleep(0.02)
+    deadline = time.monotonic() + 30
+    while sum(m.inflight for m in waiting.members) < 4:  # all four are generating
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
     await waiting.update_weights_from_disk(str(tmp_path), 2)
     assert all(t.done() for t in tasks)  # the sync waited for them
     assert {(await t).weight_version for t in tasks} == {0}

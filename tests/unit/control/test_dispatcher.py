@@ -31,8 +31,8 @@ async def test_admits_up_to_the_cap_which_can_change() -> None:
     submits = [asyncio.create_task(d.submit(Episode(f"e{i}", f"g{i}"))) for i in range(4)]
     await settle()
     assert d.inflight == 2 and sum(t.done() for t in submits) == 2
-    d.set_limit(3)
-    await asyncio.sleep(0.06)
+    d.set_limit(3)  # wakes the waiting submits at once: no polling interval involved
+    await settle()
     assert d.inflight == 3
     release.set()
     await asyncio.wait_for(asyncio.gather(*submits), 5)
@@ -54,14 +54,16 @@ async def test_burst_window_meters_net_growth_and_refunds_only_completions() -> 
     for i in range(10):
         await d.submit(Episode(f"a{i}", "g"))
     blocked = asyncio.create_task(d.submit(Episode("a10", "g")))
-    await asyncio.sleep(0.06)
+    await settle()
     assert not blocked.done()  # the window is spent
+    d.set_limit(d.cap)  # a wake-up re-checks, as the window's periodic re-check would
+    await settle()
+    assert not blocked.done()  # still spent: the (virtual) clock has not moved
     cancelled = d.shed(3)
     await settle()
-    await asyncio.sleep(0.06)
     assert len(cancelled) == 3 and not blocked.done()  # cancellations refund nothing
     release.set()  # the remaining 7 complete naturally: each refunds one admission
-    await asyncio.wait_for(blocked, 1)  # completions of the running ones refunded budget
+    await asyncio.wait_for(blocked, 30)  # completions of the running ones refunded budget
     clock.t += BURST_WINDOW_S
     await d.drain()
 
@@ -113,8 +115,10 @@ async def test_eval_episodes_survive_an_overload_cut() -> None:
         await asyncio.Event().wait()
         return None, 0
 
-    d = Dispatcher(run, cap=8, group_size=2, never_shed=frozenset({"eval"}))
+    clock = Clock()
+    d = Dispatcher(run, cap=8, group_size=2, never_shed=frozenset({"eval"}), clock=clock)
     for i in range(4):
+        clock.t += BURST_WINDOW_S  # the burst window never holds these back
         await d.submit(Episode(f"t{i}", f"train{i // 2}"))
         await d.submit(Episode(f"e{i}", f"eval{i // 2}", kind="eval"))  # younger than train
     controller = ConcurrencyController(
