@@ -33,13 +33,18 @@ async def test_collector_reads_the_sim_and_the_embedded_engine(make_engine) -> N
     local = make_engine(kv_cache_tokens=4096)
     seen: list[list] = []
     dead = EngineClient("http://127.0.0.1:9", timeout_s=1)
+    clock = [0.0]
     collector = MetricsCollector(
         {"sim": sim_client, "local": local, "dead": dead},
         lambda samples, now: seen.append(samples),
         timeout_s=2,
+        clock=lambda: clock[0],
     )
     try:
+        assert collector.generation_rate(None) == (None, None)  # nothing polled yet
         first = await collector.poll_once()
+        rate, mark = collector.generation_rate(None)
+        assert rate is None and mark == (0, 0.0)
         assert len(first) == 2 and collector.failed_polls == 1  # the dead one is skipped
         by_cap = {s.capacity_tokens: s for s in first}
         assert set(by_cap) == {300, 4096}
@@ -48,11 +53,18 @@ async def test_collector_reads_the_sim_and_the_embedded_engine(make_engine) -> N
         await asyncio.gather(
             *(sim.generate(GenerateRequest(rid=f"x{i}", input_ids=[1] * 40)) for i in range(6))
         )
+        assert collector.generation_rate(mark) == (None, mark)  # no poll since the mark
+        clock[0] = 10.0
         second = await collector.poll_once()
         sim_sample = next(s for s in second if s.capacity_tokens == 300)
         assert sim_sample.preemptions > 0  # a delta since the previous poll
+        assert collector.generated_tokens == 6 * 50  # vllm:generation_tokens_total, summed
+        rate, mark = collector.generation_rate(mark)
+        assert rate == 30.0 and mark == (300, 10.0)  # 300 tokens in 10 s
+        clock[0] = 20.0
         third = await collector.poll_once()
         assert next(s for s in third if s.capacity_tokens == 300).preemptions == 0
+        assert collector.generation_rate(mark) == (0.0, (300, 20.0))  # idle since
         assert len(seen) == 3
     finally:
         await sim_client.close()

@@ -22,6 +22,8 @@ from tracerl.control.controller import EngineLoad
 
 log = logging.getLogger(__name__)
 
+Mark = tuple[int, float]  # (generated tokens, poll time)
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
@@ -79,12 +81,27 @@ class MetricsCollector:
         self._max_len: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
         self.failed_polls = 0
+        self.generated_tokens = 0
+        """Tokens the engines generated since this collector's first poll of each."""
+        self.polled_at: float | None = None
+        """When the last poll with at least one answer ended (the collector's clock)."""
+
+    def generation_rate(self, since: Mark | None) -> tuple[float | None, Mark | None]:
+        """The engines' generation rate (tokens/s) between the mark `since` and the last poll,
+        and the new mark: `(None, since)` until a poll has come after `since`."""
+        if self.polled_at is None:
+            return None, since
+        mark = (self.generated_tokens, self.polled_at)
+        if since is None or self.polled_at <= since[1]:
+            return None, since if since is not None else mark
+        return (mark[0] - since[0]) / (mark[1] - since[1]), mark
 
     async def poll_once(self) -> list[EngineLoad]:
         results = await asyncio.gather(*(self._poll(n, e) for n, e in self.engines.items()))
         samples = [s for s in results if s is not None]
         if samples:
-            outcome = self.on_sample(samples, self.clock())
+            self.polled_at = self.clock()
+            outcome = self.on_sample(samples, self.polled_at)
             if isinstance(outcome, Awaitable):
                 await outcome
         return samples
@@ -102,12 +119,18 @@ class MetricsCollector:
             log.debug("metrics poll of %s skipped: %r", name, e)
             return None
         m = parse_prometheus(text)
-        counters = {"preemptions": _total(m, "vllm:num_preemptions_total")}
+        counters = {
+            "preemptions": _total(m, "vllm:num_preemptions_total"),
+            "generated": _total(m, "vllm:generation_tokens_total"),
+        }
         previous = self._previous.get(name)
         self._previous[name] = counters
-        preempted = (
-            0 if previous is None else max(0.0, counters["preemptions"] - previous["preemptions"])
-        )
+        delta = {
+            k: 0.0 if previous is None else max(0.0, v - previous.get(k, v))
+            for k, v in counters.items()
+        }  # a restarted engine's counters start again from 0: no negative delta
+        preempted = delta["preemptions"]
+        self.generated_tokens += int(delta["generated"])
         waiting = int(_total(m, "vllm:num_requests_waiting"))
         by_reason = m.get("vllm:num_requests_waiting_by_reason")
         if by_reason is not None:  # vLLM and ours: only admission refusals are overload

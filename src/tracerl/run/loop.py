@@ -510,6 +510,7 @@ class RLLoop:
             evals: list[asyncio.Task[None]] = []
             last_saved = self.step
             started, last_tokens, last_at = time.monotonic(), self._tokens, time.monotonic()
+            generation: tuple[float | None, tuple[int, float] | None] = (None, None)
             stopper = asyncio.create_task(self._stop.wait())
             budget = asyncio.create_task(self._budget())
             every = self.config.eval.every
@@ -532,6 +533,12 @@ class RLLoop:
                     record["rollout/tokens_per_s"] = (self._tokens - last_tokens) / (now - last_at)
                     record["time/step_s"] = now - last_at
                     last_tokens, last_at = self._tokens, now
+                    # the engines' own rate (between metric polls; kept while none came): a
+                    # step trained on groups sampled earlier completes no new tokens itself
+                    rate, mark = self.collector.generation_rate(generation[1])
+                    generation = (rate if rate is not None else generation[0], mark)
+                    if generation[0] is not None:
+                        record["engine/generation_tokens_per_s"] = generation[0]
                     record.update(self.controller.gauges())
                     record["concurrency/inflight"] = self.dispatcher.inflight
                     record.update({f"loop/{k}": v for k, v in self.buffer.counters.items()})

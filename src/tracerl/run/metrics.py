@@ -128,7 +128,7 @@ class Progress:
         eta = elapsed / done * (self.total - step) if done > 0 else 0.0
         line = (
             f"step {step}/{self.total}  reward {record.get('rollout/reward_mean', 0.0):.3f}  "
-            f"tok/s {record.get('rollout/tokens_per_s', 0.0):.0f}  "
+            f"tok/s {_generation_rate(record):.0f}  "
             f"cap {int(record.get('concurrency/cap', 0))}  "
             + (f"eval {self.eval_accuracy:.3f}  " if self.eval_accuracy is not None else "")
             + f"elapsed {_clock(elapsed)}  eta {_clock(eta)}"
@@ -138,6 +138,13 @@ class Progress:
         else:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
+
+
+def _generation_rate(record: dict[str, Any]) -> float:
+    """The engines' generation rate, else (before their first two metric polls) the rate at
+    which this step's rollouts completed tokens."""
+    rate = record.get("engine/generation_tokens_per_s")
+    return float(rate if rate is not None else record.get("rollout/tokens_per_s", 0.0))
 
 
 def _clock(seconds: float) -> str:

@@ -21,7 +21,7 @@ CHARTS: dict[str, tuple[str, ...]] = {
     "losses": ("actor/policy_loss", "critic/value_loss", "actor/entropy"),
     "kl": ("actor/approx_kl", "kl/ref_mean", "mismatch/kl", "mismatch/logprob_abs_diff"),
     "explained_variance": ("critic/explained_variance",),
-    "throughput": ("rollout/tokens_per_s", "perf/tokens_per_s"),
+    "throughput": ("engine/generation_tokens_per_s", "rollout/tokens_per_s", "perf/tokens_per_s"),
     "concurrency": ("concurrency/cap", "concurrency/inflight"),
 }
 
