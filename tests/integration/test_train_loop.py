@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
@@ -52,8 +53,15 @@ FINITE = ("rollout/reward_mean", "actor/policy_loss", "actor/grad_norm", "perf/t
 async def test_grpo_steps_record_traces_checkpoint_and_resume(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    assert await RLLoop(tiny_config("loop.steps=2"), run_dir).run() == 0
+    loop = RLLoop(tiny_config("loop.steps=2"), run_dir)
+    assert await loop.run() == 0
     records = metrics(run_dir)
+    # an episode costs the controller what the engine held for it (prompt + completion)
+    costs = [c.value for (_, kind), c in loop.controller.state.costs.items() if kind == "train"]
+    assert len(costs) == 1 and costs[0] is not None
+    completion = max(r["rollout/completion_tokens_mean"] for r in records)
+    held = statistics.fmean(r["rollout/sample_tokens_mean"] for r in records)
+    assert costs[0] > completion and costs[0] == pytest.approx(held, rel=0.25)
     assert steps(run_dir) == [1, 2]
     for record in records:
         for key in FINITE:

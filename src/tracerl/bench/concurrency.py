@@ -199,7 +199,7 @@ async def _run(workload: Workload, mode: str, seed: int) -> RunResult:
         # each turn resends the whole context: prompt, every completion, every observation
         context = tokens(rng.randint(*w.prompt_tokens))
         budget = w.eval_max_new_tokens if ep.kind == "eval" else w.max_new_tokens
-        generated = 0
+        held = 0  # its cost: the most KV it held (the whole context of its last turn)
         turns = rng.randint(*w.turns)
         for turn in range(turns):
             request = GenerateRequest(
@@ -213,12 +213,12 @@ async def _run(workload: Workload, mode: str, seed: int) -> RunResult:
                 if first:
                     waits.append((loop.time(), loop.time() - asked))
                     first = False
-                generated += len(chunk.output_ids)
                 context += chunk.output_ids
+            held = max(held, len(context))
             if turn + 1 < turns:
                 context += tokens(rng.randint(*w.observation_tokens))
                 await asyncio.sleep(rng.uniform(*w.gap_s))
-        return None, generated
+        return None, held
 
     controller: ConcurrencyController | None = None
     done_train: list[EpisodeResult] = []

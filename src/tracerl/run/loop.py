@@ -210,7 +210,7 @@ class RLLoop:
     async def _run_episode(self, episode: Episode) -> tuple[Rollout, int]:
         task, group, sampling = episode.payload
         rollout = await self.runner.run(task, group, episode.kind, sampling)
-        return rollout, rollout.tokens
+        return rollout, rollout.held_tokens  # the episode's cost to the controller
 
     def _on_complete(self, result: DispatchResult) -> None:
         ep = result.episode

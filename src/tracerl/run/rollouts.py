@@ -43,7 +43,10 @@ class Rollout:
     result: EpisodeResult
     samples: list[TrainSample] = field(default_factory=list)
     tokens: int = 0
-    """Sampled (completion) tokens: what the episode cost the engines."""
+    """Sampled (completion) tokens."""
+    held_tokens: int = 0
+    """The most KV the engines held for it: its longest turn's prompt plus completion (a
+    multi-turn agent's context grows every turn). The controller's episode cost."""
     version: int = 0
     """Oldest weight version that sampled any of its tokens."""
     session_id: str | None = None
@@ -124,6 +127,9 @@ class EpisodeRunner:
             result = score_trace(self.env, task, result, trace)
         rollout = Rollout(group, kind, result, session_id=session.session_id)
         rollout.tokens = sum(len(t.completion_ids) for t in trace.turns)
+        rollout.held_tokens = max(
+            (len(t.prompt_ids) + len(t.completion_ids) for t in trace.turns), default=0
+        )
         if not result.failed and result.reward is not None:
             rollout.samples, rollout.version = trace_samples(trace, result.reward, group)
             if not rollout.samples:
