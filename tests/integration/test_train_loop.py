@@ -68,6 +68,11 @@ async def test_grpo_steps_record_traces_checkpoint_and_resume(tmp_path: Path) ->
             assert math.isfinite(record[key]), key
         assert record["rollout/samples"] == 8
         assert record["rollout/staleness_max"] <= 1
+        # the dispatcher's gauges: in flight by kind, and the lag of what is in flight
+        assert record["concurrency/inflight"] == (
+            record["concurrency/inflight_train"] + record["concurrency/inflight_eval"]
+        )
+        assert 0 <= record["concurrency/offpolicy_mean"] <= record["concurrency/offpolicy_max"]
     assert (run_dir / "checkpoints" / "step_00000002").is_dir()
     recorded = sessions(run_dir)
     assert recorded >= 16  # two steps of 8 episodes, each a gateway session

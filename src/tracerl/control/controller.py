@@ -49,12 +49,15 @@ is a slower engine, not an overloaded one.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tracerl.config import ConcurrencyConfig
+
+log = logging.getLogger(__name__)
 
 Signal = Literal["HARD", "SOFT", "CLEAR"]
 Kind = Literal["train", "eval"]
@@ -184,7 +187,7 @@ class ConcurrencyController:
         self.get_eval_share = get_eval_share
         self.state = ControllerState()
         if config.initial_inflight is not None:
-            self._apply(config.initial_inflight)
+            self._apply(config.initial_inflight, "concurrency.initial_inflight")
 
     # ------------------------------------------------------------------ inputs
 
@@ -202,10 +205,24 @@ class ConcurrencyController:
         if s.running:
             used = sum(x.kv_usage * x.capacity_tokens for x in decode)
             s.request_cost = used / s.running
+        if s.last_poll_at is None:  # the capacity report, once
+            log.info(
+                "concurrency: %d decode engine(s), %d KV tokens in all, max model length %d",
+                len(decode), s.capacity, s.max_model_len,
+            )  # fmt: skip
         if s.cap is None and not s.bootstrapped:
             s.bootstrapped = True
-            self._apply(max(1, s.capacity // max(1, s.max_model_len)))
+            self._apply(
+                max(1, s.capacity // max(1, s.max_model_len)),
+                f"bootstrap: {s.capacity} KV tokens / max model length {s.max_model_len}",
+            )
         signal = self._classify(decode)
+        if signal != s.last_signal:
+            log.info(
+                "concurrency: %s -> %s (running %d, queued for capacity %d, KV %.0f%%, "
+                "preemptions %d)", s.last_signal, signal, s.running, s.queued,
+                100 * max(x.kv_usage for x in decode), sum(x.preemptions for x in decode),
+            )  # fmt: skip
         s.last_signal, s.last_poll_at = signal, now
         s.kv_usage = max(x.kv_usage for x in decode)
         inflight = self.get_inflight()
@@ -215,6 +232,7 @@ class ConcurrencyController:
                 return signal  # the excess is still draining: overload now is stale churn
             if signal != "HARD":
                 s.draining, s.polls_since_drain, s.hard_under_cap = False, 0, 0  # settled
+                log.info("concurrency: drained to cap %s, engines %s", s.cap, signal)
                 return signal
             # Preemptions (and their victims waiting) are the backlog's long sequences still
             # growing: keep waiting. A queue that is a large share of what runs means the
@@ -224,6 +242,7 @@ class ConcurrencyController:
             if s.hard_under_cap < DRAIN_STALE_POLLS:
                 return signal
             s.draining, s.hard_under_cap = False, 0  # overload survived the drain: cut again
+            log.info("concurrency: overload survived the drain at cap %s: cutting again", s.cap)
         if signal == "HARD":
             self._cut(inflight)
         else:
@@ -283,13 +302,19 @@ class ConcurrencyController:
         # Escalate only a swamped repeat: preemptions with a short queue are growth of the
         # resident sequences, which a halving overreacts to.
         swamped = s.queue_above(DRAIN_QUEUE_RATIO)
-        factor = ESCALATED_BACKOFF_FACTOR if s.escalate and swamped else BACKOFF_FACTOR
+        escalated = s.escalate and swamped
+        factor = ESCALATED_BACKOFF_FACTOR if escalated else BACKOFF_FACTOR
         current = s.cap if s.cap is not None else (self.config.max_inflight or inflight)
         # Back off from the share of in-flight the engines actually serve (requests queued for
         # capacity are episodes they cannot hold), in pool units: idle agents count in both.
         served = inflight * s.served_share
         target = min(current, max(self.config.min_inflight, math.floor(factor * served)))
-        self._apply(target)  # a cut never raises the cap
+        cause = "preemptions" if s.queue_polls == 0 else "a persistent queue for capacity"
+        self._apply(  # a cut never raises the cap
+            target,
+            f"HARD ({cause}{', escalated' if escalated else ''}): {factor} x {served:.0f} "
+            f"served of {inflight} in flight",
+        )
         s.cuts += 1
         s.draining, s.escalate, s.queue_polls = True, True, 0
         s.turnover, s.bound = 0, False  # evidence from before the cut is stale
@@ -316,7 +341,11 @@ class ConcurrencyController:
         if target <= s.cap:
             return
         step = max(1, math.floor(GROWTH_SLEW * s.cap))
-        self._apply(min(target, s.cap + step))
+        self._apply(
+            min(target, s.cap + step),
+            f"growth: clear with the cap binding (kappa {s.kappa:.2f}, KV {100 * s.kv_usage:.0f}%, "
+            f"episode cost {cost:.0f} tokens)",
+        )
         s.kappa = _clamp_kappa(s.cap * cost / s.capacity)  # kappa follows the cap it produced
         s.growths += 1
         s.escalate = False  # an overload after a deliberate raise is a fresh probe, not a repeat
@@ -351,9 +380,10 @@ class ConcurrencyController:
         ceiling = self.config.max_inflight
         return max(self.config.min_inflight, value if ceiling is None else min(ceiling, value))
 
-    def _apply(self, cap: int) -> None:
+    def _apply(self, cap: int, reason: str) -> None:
         cap = self._clamp(cap)
         if cap != self.state.cap:
+            log.info("concurrency cap %s -> %d: %s", self.state.cap, cap, reason)
             self.state.cap = cap
             self.set_limit(cap)
 
@@ -380,7 +410,7 @@ class ConcurrencyController:
             s.costs[(env, kind)] = CostEstimate(weighted=float(weighted), weight=float(weight))
         if state.get("cap") is not None:
             s.bootstrapped = True
-            self._apply(int(state["cap"]))
+            self._apply(int(state["cap"]), "resumed from the checkpoint")
 
     def gauges(self) -> dict[str, float]:
         s = self.state

@@ -90,6 +90,7 @@ class RLLoop:
         self._evals_running = 0
         self._last_eval_step: int | None = None
         self._tokens = 0
+        self._admitted: dict[str, int] = {}  # in-flight train episode -> step it was admitted at
         self._training = False
         self.closers: list[Any] = []
 
@@ -214,6 +215,7 @@ class RLLoop:
 
     def _on_complete(self, result: DispatchResult) -> None:
         ep = result.episode
+        self._admitted.pop(ep.episode_id, None)
         _, group, _ = ep.payload
         kind: Kind = "eval" if ep.kind == "eval" else "train"
         self.controller.on_episode_complete(
@@ -303,8 +305,22 @@ class RLLoop:
                     await self.dispatcher.submit(episode)
                 except DispatcherClosed:
                     return
+                self._admitted[episode.episode_id] = self.step  # the weights it starts on
                 if k == 0:  # counted as outstanding from its first episode on
                     self.buffer.open(group)
+
+    def _dispatch_gauges(self) -> dict[str, float]:
+        """In flight by kind, and how many weight versions the in-flight train episodes lag
+        (they began on the weights of the step they were admitted at)."""
+        kinds = self.dispatcher.inflight_by_kind()
+        lags = [self.step - at for at in self._admitted.values()]
+        return {
+            "concurrency/inflight": float(self.dispatcher.inflight),
+            "concurrency/inflight_train": float(kinds.get("train", 0)),
+            "concurrency/inflight_eval": float(kinds.get("eval", 0)),
+            "concurrency/offpolicy_max": float(max(lags, default=0)),
+            "concurrency/offpolicy_mean": statistics.fmean(lags) if lags else 0.0,
+        }
 
     def _start_eval(self, step: int) -> asyncio.Task[None]:
         """An eval of the weights of `step`: until it ends, no training episode is admitted
@@ -540,7 +556,7 @@ class RLLoop:
                     if generation[0] is not None:
                         record["engine/generation_tokens_per_s"] = generation[0]
                     record.update(self.controller.gauges())
-                    record["concurrency/inflight"] = self.dispatcher.inflight
+                    record.update(self._dispatch_gauges())
                     record.update({f"loop/{k}": v for k, v in self.buffer.counters.items()})
                     if self.step % self.config.loop.checkpoint_every == 0:
                         await self._checkpoint()

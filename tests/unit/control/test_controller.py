@@ -97,6 +97,21 @@ def test_no_ceiling_lets_the_cap_grow_past_the_default_ceiling() -> None:
     assert ConcurrencyConfig(min_inflight=5000, max_inflight=None).max_inflight is None
 
 
+def test_every_cap_change_is_logged_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="tracerl.control.controller")
+    h = Harness(frozen_steps=0)
+    h.poll(capacity=100_000, max_len=4096)  # the capacity report, and the bootstrap
+    h.turnover()  # growth
+    h.inflight = h.cap or 0
+    h.poll(preemptions=3)  # a HARD cut
+    text = caplog.text
+    assert "1 decode engine(s), 100000 KV tokens in all, max model length 4096" in text
+    assert "cap None -> 24: bootstrap: 100000 KV tokens / max model length 4096" in text
+    assert "cap 24 -> 30: growth: clear with the cap binding" in text
+    assert "CLEAR -> HARD" in text
+    assert "cap 30 -> 27: HARD (preemptions): 0.9 x 30 served of 30 in flight" in text
+
+
 def test_freeze_pins_exactly_the_first_k_steps_but_not_hard_cuts() -> None:
     h = Harness(initial_inflight=20, frozen_steps=1)
     h.poll()
