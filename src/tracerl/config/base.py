@@ -67,10 +67,61 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
+def _models(ann: Any) -> list[type[BaseModel]]:
+    """The models an annotation holds: one, or the members of a union of them."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return [ann]
+    if typing.get_origin(ann) is typing.Annotated:
+        return _models(typing.get_args(ann)[0])
+    if typing.get_origin(ann) in (typing.Union, types.UnionType):
+        return [m for a in typing.get_args(ann) for m in _models(a)]
+    return []
+
+
+def _user_path(root: Any, loc: tuple[Any, ...]) -> str:
+    """`loc` as the caller writes it: the tag pydantic inserts where a value holds one of
+    several models (`env.arithmetic.sampling` for `env.sampling`) is left out. `root`: the
+    annotation validated (a model class, or a union of them)."""
+    parts: list[str] = []
+    members, i = _models(root), 0
+    while True:
+        model = members[0] if len(members) == 1 else None
+        if len(members) > 1 and i < len(loc):
+            tags = {
+                str(m.model_fields["name"].default): m for m in members if "name" in m.model_fields
+            }
+            if str(loc[i]) in tags:  # the variant's tag, not a key the caller wrote
+                model = tags[str(loc[i])]
+                i += 1
+        if i >= len(loc):
+            return ".".join(parts)
+        part = loc[i]
+        parts.append(str(part))
+        i += 1
+        field = (
+            model.model_fields.get(part) if model is not None and isinstance(part, str) else None
+        )
+        members = _models(field.annotation) if field is not None else []
+
+
+def format_validation_error(err: ValidationError, source: str, root: Any = None) -> str:
+    """One line per error, each `dotted.path: what was wrong`, in the caller's terms (`root`:
+    the annotation validated, to leave pydantic's variant tags out of the paths)."""
     lines = [f"invalid configuration ({source}):"]
     for e in err.errors():
-        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        path = _user_path(root, tuple(e["loc"]))
+        if e["type"] in ("union_tag_invalid", "union_tag_not_found"):  # the key that chooses
+            ctx = e.get("ctx", {})
+            key = str(ctx.get("discriminator", "")).strip("'")
+            tag = ctx.get("tag")
+            what = (
+                f"expected one of {ctx['expected_tags']} (got {json.dumps(tag, default=str)[:80]})"
+                if tag is not None and "expected_tags" in ctx
+                else "Field required (it chooses the variant)"
+            )
+            lines.append(f"  {path + '.' if path else ''}{key}: {what}")
+            continue
+        path = path or "<root>"
         got = e.get("input")
         shown = "" if e["type"] == "missing" else f" (got {json.dumps(got, default=str)[:80]})"
         if e["type"] == "extra_forbidden":
@@ -104,7 +155,8 @@ def load_config(
     try:
         return cls.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, " + ".join(sources) or "defaults")) from None
+        source = " + ".join(sources) or "defaults"
+        raise ConfigError(format_validation_error(e, source, cls)) from None
 
 
 def save_resolved_config(config: BaseModel, run_dir: str | Path) -> Path:

@@ -87,7 +87,7 @@ def parse_env_config(data: object, source: str = "env") -> EnvConfig:
     try:
         return _ENV_ADAPTER.validate_python(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, source)) from None
+        raise ConfigError(format_validation_error(e, source, EnvConfig)) from None
 
 
 class DatasetConfig(Config):
