@@ -107,6 +107,8 @@ class DatasetConfig(Config):
     """Seed of generation and of the per-epoch shuffle."""
     shuffle: bool = True
     """Visit tasks in a new seeded order every epoch; false keeps the file order."""
+    max_row_bytes: int = Field(default=16 * 2**20, ge=2)
+    """JSONL: a longer line is refused (named by file and line) rather than read into memory."""
 
     @model_validator(mode="after")
     def _one_source(self) -> Self:

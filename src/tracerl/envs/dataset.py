@@ -110,6 +110,9 @@ class TaskDataset:
         self.seek(int(state["position"]))
 
 
+MAX_ROW_BYTES = 16 * 2**20  # DatasetConfig.max_row_bytes' default
+
+
 def load_dataset(config: DatasetConfig, required_fields: Sequence[str] = ()) -> TaskDataset:
     """The dataset `config` describes, every row checked for `required_fields`."""
     if config.generate is not None:
@@ -123,12 +126,18 @@ def load_dataset(config: DatasetConfig, required_fields: Sequence[str] = ()) -> 
         if config.path is None:  # DatasetConfig's validator rules this out; a guard for mypy
             raise DatasetError("dataset: set path or generate")
         source = config.path
-        tasks = read_tasks(Path(config.path), config.format, required_fields, config.split)
+        tasks = read_tasks(
+            Path(config.path), config.format, required_fields, config.split, config.max_row_bytes
+        )
     return TaskDataset(tasks, source=source, seed=config.seed, shuffle=config.shuffle)
 
 
 def read_tasks(
-    path: Path, format: str = "auto", required_fields: Sequence[str] = (), split: str | None = None
+    path: Path,
+    format: str = "auto",
+    required_fields: Sequence[str] = (),
+    split: str | None = None,
+    max_row_bytes: int = MAX_ROW_BYTES,
 ) -> list[Task]:
     if not path.exists():
         raise DatasetError(f"{path}: no such file or directory")
@@ -143,7 +152,7 @@ def read_tasks(
                 "directory from datasets.save_to_disk); set dataset.format"
             )
     if format == "jsonl":
-        return read_jsonl(path, required_fields)
+        return read_jsonl(path, required_fields, max_row_bytes)
     if format == "parquet":
         return read_parquet(path, required_fields)
     if format == "datasets":
@@ -151,12 +160,21 @@ def read_tasks(
     raise DatasetError(f"{path}: unknown format {format!r}")
 
 
-def read_jsonl(path: Path, required_fields: Sequence[str] = ()) -> list[Task]:
-    """One JSON object per line; blank lines are skipped (and still counted for line numbers)."""
+def read_jsonl(
+    path: Path, required_fields: Sequence[str] = (), max_row_bytes: int = MAX_ROW_BYTES
+) -> list[Task]:
+    """One JSON object per line; blank lines are skipped (and still counted for line numbers).
+    A line over `max_row_bytes` is refused before it is read whole."""
     tasks: list[Task] = []
     with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        lineno = 0
+        while raw := f.readline(max_row_bytes + 1):
+            lineno += 1
             where = f"{path}:{lineno}"
+            if len(raw) > max_row_bytes:
+                raise DatasetError(
+                    f"{where}: row longer than {max_row_bytes} bytes (dataset.max_row_bytes)"
+                )
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:

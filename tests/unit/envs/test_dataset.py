@@ -42,6 +42,20 @@ def test_bad_rows_name_file_and_line(tmp_path: Path, lines: list[str], message: 
     assert str(err.value).startswith(f"{path}{message}")
 
 
+def test_a_huge_row_is_refused_before_it_is_read_whole(tmp_path: Path) -> None:
+    rows = ['{"prompt": "a", "answer": 1}', json.dumps({"prompt": "x" * 5000, "answer": 2})]
+    path = write_jsonl(tmp_path / "train.jsonl", [*rows, '{"prompt": "c", "answer": 3}'])
+    config = DatasetConfig(path=str(path), max_row_bytes=4096)
+    with pytest.raises(DatasetError) as err:
+        load_dataset(config, ["prompt", "answer"])
+    assert str(err.value) == f"{path}:2: row longer than 4096 bytes (dataset.max_row_bytes)"
+    # a line exactly at the limit (newline included) is a row like any other
+    exact = json.dumps({"prompt": "y" * 10, "answer": 1})
+    path.write_text(exact + "\n")
+    limit = DatasetConfig(path=str(path), max_row_bytes=len(exact) + 1)
+    assert load_dataset(limit, ["prompt"]).next().task["prompt"] == "y" * 10
+
+
 def test_bad_files(tmp_path: Path) -> None:
     (tmp_path / "bytes.jsonl").write_bytes(b'{"prompt": "a"}\n\xff\xfe\n')
     with pytest.raises(DatasetError, match=r"bytes.jsonl:2: not valid UTF-8"):
