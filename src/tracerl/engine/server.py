@@ -127,6 +127,12 @@ async def get_model_info(request: web.Request) -> web.Response:
     return web.json_response(await request.app[ENGINE_KEY].model_info())
 
 
+async def openapi(request: web.Request) -> web.Response:
+    from tracerl.engine.openapi import engine_openapi
+
+    return web.json_response(engine_openapi())
+
+
 async def metrics(request: web.Request) -> web.Response:
     text = await request.app[ENGINE_KEY].metrics_text()
     return web.Response(
@@ -170,6 +176,7 @@ def build_engine_app(
     app.router.add_get("/health_generate", health_generate)
     app.router.add_get("/get_model_info", get_model_info)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
     return app
 
 

@@ -52,7 +52,8 @@ from tracerl.gateway.store import StoreError, TraceStore
 log = logging.getLogger(__name__)
 
 GATEWAY_KEY = web.AppKey("gateway", object)
-_SESSION_PATH = re.compile(r"/s/([A-Za-z0-9_-]+)(/.*)?")
+_SESSION_PATH = re.compile(r"/s/([^/]*)(/.*)?")
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]+")
 _ROUTES = {
     ("POST", "/v1/chat/completions"): "chat",
     ("POST", "/v1/messages"): "messages",
@@ -103,7 +104,9 @@ class Gateway:
         app.router.add_post("/sessions/{sid}/close", self.close_session)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
-        app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        app.router.add_get("/openapi.json", self.openapi)
+        # [\s\S]: any path, newlines included (".*" stops at one: aiohttp's plain 404)
+        app.router.add_route("*", r"/{tail:[\s\S]*}", self.dispatch)
         return app
 
     # ------------------------------------------------------------------ auth and sessions
@@ -190,6 +193,11 @@ class Gateway:
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def openapi(self, request: web.Request) -> web.Response:
+        from tracerl.gateway.openapi import gateway_openapi
+
+        return web.json_response(gateway_openapi())
+
     async def metrics(self, request: web.Request) -> web.Response:
         lines = ["# TYPE tracerl_gateway_events_total counter"]
         for event, count in sorted(self.counters.items()):
@@ -216,6 +224,8 @@ class Gateway:
         anthropic = path.startswith("/v1/messages") or (
             not path.startswith("/v1/chat") and "anthropic-version" in request.headers
         )
+        if sid is not None and not _SESSION_ID.fullmatch(sid):  # no session has such an id
+            return _native_error(anthropic, 404, "no such session")
         if kind == "chat":
             return await self.generation(request, sid, anthropic=False)
         if kind == "messages":
