@@ -88,11 +88,15 @@ KV_USAGE_SOFT = 0.98
 # kappa grows by this factor per binding, clear completion; the slew limit below usually binds
 # first, so the feedforward matters when the expected episode cost moves.
 KAPPA_GROWTH = 1.25
-# Largest cap increase per re-evaluation, as a share of the cap (at least one episode): 1.25x
-# per turnover turns a raise-invites-raise spiral into a ramp the next cut interrupts.
+# Largest cap increase per re-evaluation, as a share of the cap (at least one episode). With a
+# re-evaluation per fifth of the pool completing (REEVAL_TURNOVER), the ramp is at most 1.25x
+# per fifth: ~3x (1.25^5) while a whole pool's worth of episodes completes. That is the
+# intended speed: a start 10x too low reaches the engines' capacity in ~2 pool turnovers
+# instead of ~10, and the measured token budget (KV filled to KV_USAGE_SOFT) bounds each
+# raise, so the ramp slows as the engines fill and the next HARD cut interrupts an overshoot.
 GROWTH_SLEW = 0.25
 # Growth is re-evaluated after this share of the cap has completed: completions within one
-# turnover are one observation of the same pool, not independent evidence.
+# re-evaluation are one observation of the same pool, not independent evidence.
 REEVAL_TURNOVER = 0.2
 # A CLEAR poll older than this no longer licenses growth (metrics stalled: do not grow blind).
 GROWTH_GATE_S = 15.0
