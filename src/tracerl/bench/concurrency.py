@@ -123,6 +123,14 @@ BUILTIN = [
         batch_size=32,
     ),
     Workload("train_with_eval_waves", eval_every=3, eval_episodes=128),
+    Workload(
+        "agents_growing_context",  # tool calls answered fast, big observations: each episode's
+        turns=(6, 12),  # context grows in place to several thousand tokens
+        output_median=80.0,
+        observation_tokens=(300, 900),
+        gap_s=(0.05, 0.3),
+        batch_size=32,
+    ),
 ]
 
 

@@ -36,8 +36,8 @@ is a slower engine, not an overloaded one.
   completed episodes: fast at small caps, paced by the work itself at large ones). It happens
   only when the cap was binding during that turnover (in-flight, counting the completing
   episode, at the cap: completions in one burst see the pool already emptied), the last poll
-  was CLEAR and fresh (younger than GROWTH_GATE_S: if metrics stop arriving, growth stops), and
-  by at most GROWTH_SLEW of the cap. Failed episodes with no tokens used no engine capacity:
+  was CLEAR and fresh (younger than GROWTH_GATE_S: if metrics stop arriving, growth stops) with
+  no request queued for capacity, and by at most GROWTH_SLEW of the cap. Failed episodes with no tokens used no engine capacity:
   they neither count toward the turnover nor make the cap binding.
   The feedforward with a grown kappa is the target, bounded by the measured token budget (the
   cap scaled by KV_USAGE_SOFT over the measured KV usage): growth approaches the band where the
@@ -270,7 +270,9 @@ class ConcurrencyController:
             return
         bound, s.turnover, s.bound = s.bound, 0, False
         fresh = s.last_poll_at is not None and now - s.last_poll_at <= GROWTH_GATE_S
-        if bound and fresh and s.last_signal == "CLEAR":
+        # engines refusing admission for capacity (even below the HARD threshold) could not
+        # run more episodes: no growth until they admit everything again
+        if bound and fresh and s.last_signal == "CLEAR" and s.queued == 0:
             self._grow()
 
     def on_step(self, step: int, now: float) -> None:

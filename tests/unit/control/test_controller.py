@@ -137,6 +137,13 @@ def test_growth_only_when_binding_and_clear() -> None:
     h.poll(usage=0.99)  # SOFT band: no growth
     h.turnover()
     assert h.cap == 25
+    # requests refused for capacity, below the HARD threshold (one poll): still no growth
+    assert h.poll(running=20, queued=1) == "CLEAR"
+    h.turnover()
+    assert h.cap == 25
+    h.poll()  # admitted again
+    h.turnover()
+    assert h.cap == 31
 
 
 def test_growth_is_reevaluated_once_per_turnover() -> None:
