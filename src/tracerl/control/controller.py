@@ -37,8 +37,9 @@ is a slower engine, not an overloaded one.
   only when the cap was binding during that turnover (in-flight, counting the completing
   episode, at the cap: completions in one burst see the pool already emptied), the last poll
   was CLEAR and fresh (younger than GROWTH_GATE_S: if metrics stop arriving, growth stops) with
-  no request queued for capacity, and by at most GROWTH_SLEW of the cap. Failed episodes with no tokens used no engine capacity:
-  they neither count toward the turnover nor make the cap binding.
+  no request queued for capacity, and by at most GROWTH_SLEW of the cap. Failed episodes with
+  no tokens used no engine capacity: they neither count toward the turnover nor make the cap
+  binding.
   The feedforward with a grown kappa is the target, bounded by the measured token budget (the
   cap scaled by KV_USAGE_SOFT over the measured KV usage): growth approaches the band where the
   engines are full geometrically instead of overshooting into preemption between two polls, and
