@@ -44,12 +44,12 @@ class Rollout:
     samples: list[TrainSample] = field(default_factory=list)
     tokens: int = 0
     """Sampled (completion) tokens."""
-    held_tokens: int = 0
-    """The most KV the engines held for it: its longest turn's prompt plus completion (a
-    multi-turn agent's context grows every turn). The controller's episode cost."""
     version: int = 0
     """Oldest weight version that sampled any of its tokens."""
     session_id: str | None = None
+    held_tokens: int = 0
+    """The most KV the engines held for it: its longest turn's prompt plus completion (a
+    multi-turn agent's context grows every turn). The controller's episode cost."""
 
     @property
     def ok(self) -> bool:
