@@ -90,8 +90,10 @@ async def test_grpo_steps_record_traces_checkpoint_and_resume(tmp_path: Path) ->
 
 
 async def _any_session(run_dir: Path) -> str:
+    """A session with a recorded turn: episodes cancelled when the run stopped (or shed) leave
+    sessions without any, and `SELECT id FROM sessions` returns the smallest random id."""
     with sqlite3.connect(run_dir / "traces.sqlite") as db:
-        return str(db.execute("SELECT id FROM sessions LIMIT 1").fetchone()[0])
+        return str(db.execute("SELECT session_id FROM turns LIMIT 1").fetchone()[0])
 
 
 async def test_ppo_with_critic_warmup_and_kl_in_reward(tmp_path: Path) -> None:
