@@ -20,6 +20,7 @@ from tracerl.config import (
     TrainCommandConfig,
     load_config,
 )
+from tracerl.config.base import _models
 
 COMMANDS = {
     "train": TrainCommandConfig,
@@ -27,17 +28,6 @@ COMMANDS = {
     "gateway": GatewayCommandConfig,
     "serve": ServeConfig,
 }
-
-
-def _models(ann: Any) -> list[type[BaseModel]]:
-    """The config models an annotation holds (a model, or a union of them)."""
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
-        return [ann]
-    if typing.get_origin(ann) is typing.Annotated:
-        return _models(typing.get_args(ann)[0])
-    if typing.get_origin(ann) in (typing.Union, UnionType):
-        return [m for a in typing.get_args(ann) for m in _models(a)]
-    return []
 
 
 def leaves(cls: type[BaseModel], prefix: str = "", base: dict[str, Any] | None = None):

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from tracerl.algo.advantages import group_advantages
 from tracerl.bench.learn_tasks import LEARN_TASKS
 from tracerl.config.train import OptimizerConfig, TrainerConfig
 from tracerl.train.batch import TrainSample
@@ -100,13 +101,6 @@ def make_batch(tokenizer: Any, seed: int) -> tuple[list[list[int]], list[list[in
     return prompts, completions, rewards
 
 
-def group_advantages(rewards: list[float]) -> torch.Tensor:
-    """GRPO's (r - mean) / (std + 1e-6) per group (population std), the trainer's default."""
-    r = torch.tensor(rewards).view(PROMPTS, GROUP)
-    std = r.std(1, keepdim=True, correction=0)
-    return ((r - r.mean(1, keepdim=True)) / (std + 1e-6)).flatten()
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tracerl bench step", description=__doc__)
     parser.add_argument("--model", default="smollm2-135m")
@@ -139,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts, completions, rewards = make_batch(tokenizer, seed=0)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batch = PlainBatch(prompts, completions, pad)
-    advantages = group_advantages(rewards)
+    groups = torch.arange(len(rewards)) // GROUP
+    advantages = group_advantages(torch.tensor(rewards), groups)  # GRPO, as the trainer's
     with torch.no_grad():
         rollout = batch.logprobs(model)  # [B, C]: the policy's own, so TIS weights are 1
     samples = []
