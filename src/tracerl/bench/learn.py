@@ -184,6 +184,14 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def write_task_files(task_dir: Path, task: str) -> list[dict[str, Any]]:
+    """`task_dir/train.jsonl` and `heldout.jsonl` of `task` (seed 0); returns the held-out."""
+    train, heldout = split_tasks(task, TRAIN_PROMPTS, DEFAULT_HELDOUT, seed=0)
+    write_jsonl(task_dir / "train.jsonl", train)
+    write_jsonl(task_dir / "heldout.jsonl", heldout)
+    return heldout
+
+
 def summarise(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
     """Per task and system: accuracy mean / worst / best, steps; ratios and targets vs TRL."""
     summary: dict[str, Any] = {"tasks": {}}
@@ -244,9 +252,7 @@ def main(args: argparse.Namespace) -> int:
     for task in tasks:
         task_dir = work / task
         task_dir.mkdir()
-        train, heldout = split_tasks(task, TRAIN_PROMPTS, DEFAULT_HELDOUT, seed=0)
-        write_jsonl(task_dir / "train.jsonl", train)
-        write_jsonl(task_dir / "heldout.jsonl", heldout)
+        heldout = write_task_files(task_dir, task)
         model, tokenizer = load_policy()
         before = greedy_accuracy(model, tokenizer, heldout)
         del model

@@ -154,17 +154,14 @@ EMBEDDED_MODES = (("sync", 0, "pause"), ("async-pause", 1, "pause"), ("async-run
 
 def embedded(quick: bool) -> dict[str, Any]:
     """The real model on the embedded engine: sync, async pausing the engine, async running."""
-    from tracerl.bench.learn import TRAIN_PROMPTS, write_jsonl
-    from tracerl.bench.learn_tasks import DEFAULT_HELDOUT, split_tasks
+    from tracerl.bench.learn import write_task_files
     from tracerl.cli import loop
 
     steps = 4 if quick else 12
     measured: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="tracerl-bench-loop-tasks-") as tmp:
         task_dir = Path(tmp)
-        train, heldout = split_tasks("medium", TRAIN_PROMPTS, DEFAULT_HELDOUT, seed=0)
-        write_jsonl(task_dir / "train.jsonl", train)
-        write_jsonl(task_dir / "heldout.jsonl", heldout)
+        write_task_files(task_dir, "medium")
         for label, off_policy, engines_while_training in EMBEDDED_MODES:
             config = _embedded_config(task_dir, steps, off_policy, engines_while_training)
             measured[label] = loop.run(_measure(config, None, label))
