@@ -41,7 +41,9 @@ is a slower engine, not an overloaded one.
   no tokens used no engine capacity: they neither count toward the turnover nor make the cap
   binding.
   The feedforward with a grown kappa is the target, bounded by the measured token budget (the
-  cap scaled by KV_USAGE_SOFT over the measured KV usage): growth approaches the band where the
+  cap scaled by KV_USAGE_SOFT over the projected KV usage: the measured usage scaled up where
+  running requests hold less than the pool's settled per-request KV, as episodes admitted by
+  the last raise do until their contexts grow): growth approaches the band where the
   engines are full geometrically instead of overshooting into preemption between two polls, and
   kappa then follows the cap it produced. A growth clears escalation: an overload after a
   deliberate raise is a fresh probe, not the same overload surviving a cut. The cap only falls
@@ -86,6 +88,10 @@ QUEUE_PERSISTENCE_POLLS = 3
 # occasional preemption above it is what the HARD cut handles (0.9/0.95 cost 3-6 % throughput
 # on the heavy-tailed benchmark workload).
 KV_USAGE_SOFT = 0.98
+# The growth bound projects the KV usage the running requests will have once they hold the
+# pool's settled per-request KV (an EWMA over SETTLED_COST_POLLS polls): right after a raise the
+# newly admitted episodes are short and the current usage undercounts what they will hold.
+SETTLED_COST_POLLS = 60
 # kappa grows by this factor per binding, clear completion; the slew limit below usually binds
 # first, so the feedforward matters when the expected episode cost moves.
 KAPPA_GROWTH = 1.25
@@ -156,6 +162,8 @@ class ControllerState:
     capacity: int = 0
     max_model_len: int = 0
     request_cost: float | None = None
+    settled_request_cost: float | None = None
+    """Slow EWMA of `request_cost`: what a running request holds once the pool has settled."""
     costs: dict[tuple[str, str], CostEstimate] = field(default_factory=dict)
     cuts: int = 0
     growths: int = 0
@@ -210,6 +218,12 @@ class ConcurrencyController:
         if s.running:
             used = sum(x.kv_usage * x.capacity_tokens for x in decode)
             s.request_cost = used / s.running
+            alpha = 1.0 / SETTLED_COST_POLLS
+            s.settled_request_cost = (
+                s.request_cost
+                if s.settled_request_cost is None
+                else (1 - alpha) * s.settled_request_cost + alpha * s.request_cost
+            )
         if s.last_poll_at is None:  # the capacity report, once
             log.info(
                 "concurrency: %d decode engine(s), %d KV tokens in all, max model length %d",
@@ -331,6 +345,14 @@ class ConcurrencyController:
         if inflight > (s.cap or 0):
             self.on_overload(inflight - (s.cap or 0))
 
+    def projected_usage(self) -> float:
+        """The KV usage once the running requests hold the settled per-request KV: the
+        current usage undercounts episodes admitted since, which have yet to grow."""
+        s = self.state
+        if not s.request_cost or not s.settled_request_cost:
+            return s.kv_usage
+        return s.kv_usage * max(1.0, s.settled_request_cost / s.request_cost)
+
     def _grow(self) -> None:
         s = self.state
         assert s.cap is not None
@@ -342,15 +364,17 @@ class ConcurrencyController:
         s.kappa = _clamp_kappa(max(s.kappa or 0.0, s.cap * cost / s.capacity))
         grown = _clamp_kappa(s.kappa * KAPPA_GROWTH)
         target = self._clamp(math.ceil(grown * s.capacity / cost))  # ceil: alive at cap 1
-        if s.kv_usage > 0:
+        usage = self.projected_usage()
+        if usage > 0:
             # the measured token budget: the cap scaled to fill the engines to the SOFT band
-            target = min(target, math.ceil(s.cap * KV_USAGE_SOFT / s.kv_usage))
+            target = min(target, math.ceil(s.cap * KV_USAGE_SOFT / usage))
         if target <= s.cap:
             return
         step = max(1, math.floor(GROWTH_SLEW * s.cap))
         self._apply(
             min(target, s.cap + step),
-            f"growth: clear with the cap binding (kappa {s.kappa:.2f}, KV {100 * s.kv_usage:.0f}%, "
+            f"growth: clear with the cap binding (kappa {s.kappa:.2f}, KV {100 * s.kv_usage:.0f}% "
+            f"now, {100 * usage:.0f}% projected, "
             f"episode cost {cost:.0f} tokens)",
         )
         s.kappa = _clamp_kappa(s.cap * cost / s.capacity)  # kappa follows the cap it produced

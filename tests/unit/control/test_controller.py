@@ -177,8 +177,27 @@ def test_growth_is_bounded_by_the_measured_token_budget() -> None:
     h = Harness(initial_inflight=100, frozen_steps=0)
     h.poll(usage=0.8, running=100)
     h.turnover()
-    # 100 episodes fill 80 % of the KV: the SOFT band holds 100 x 0.95 / 0.8 = 119, not 125
+    # 100 episodes fill 80 % of the KV: the SOFT band holds 100 x 0.98 / 0.8 = 123, not 125
     assert h.cap == math.ceil(100 * c.KV_USAGE_SOFT / 0.8)
+
+
+def test_growth_bound_counts_what_young_episodes_will_hold() -> None:
+    """Right after a raise the new episodes are short: the usage they show undercounts what
+    they will hold. The bound projects the usage at the pool's settled per-request KV."""
+    h = Harness(initial_inflight=100, frozen_steps=0)
+    for _ in range(3 * c.SETTLED_COST_POLLS):
+        h.poll(usage=0.8, running=100)  # settled: 800 KV tokens per running request
+    h.poll(usage=0.7, running=100)  # a fifth of the requests just started: 700 on average
+    settled = h.ctl.state.settled_request_cost
+    assert settled is not None and 790 < settled < 800
+    projected = h.ctl.projected_usage()
+    assert projected == pytest.approx(0.7 * settled / 700)
+    h.turnover()
+    # the current usage alone would allow 100 x 0.98 / 0.7 = 140, slew-limited to 125
+    assert h.cap == math.ceil(100 * c.KV_USAGE_SOFT / projected) < 125
+    # requests larger than the settled size never lower the projection below the usage
+    h.poll(usage=0.9, running=100)
+    assert h.ctl.projected_usage() == pytest.approx(0.9)
 
 
 def test_growth_gate_expires_when_metrics_stop() -> None:
