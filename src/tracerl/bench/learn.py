@@ -232,6 +232,16 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
     return summary
 
 
+def read_included(work_dir: Path, tasks: list[str]) -> list[dict[str, Any]]:
+    """An earlier `bench learn`'s runs of these tasks, to summarise with this one's."""
+    path = work_dir / "runs.jsonl"
+    try:
+        runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"bench learn: --include {work_dir}: cannot read {path}: {e}") from e
+    return [r for r in runs if r.get("task") in tasks]
+
+
 def main(args: argparse.Namespace) -> int:
     from tracerl.bench.learn_tasks import greedy_accuracy, load_policy
 
@@ -246,6 +256,21 @@ def main(args: argparse.Namespace) -> int:
             import trl  # noqa: F401
         except ImportError:
             raise SystemExit("bench learn: TRL is missing: pip install -e '.[bench]'") from None
+    # read before hours of training: a bad path, or a run this one repeats, fails now
+    included = [run for path in args.include for run in read_included(Path(path), tasks)]
+    planned = {
+        (task, system, seed)
+        for task in tasks
+        for system in systems
+        for seed in range(args.first_seed, args.first_seed + args.seeds)
+    }
+    keys = [(r["task"], r["system"], r["seed"]) for r in included]
+    repeated = sorted({k for k in keys if k in planned or keys.count(k) > 1})
+    if repeated:
+        raise SystemExit(
+            "bench learn: --include holds runs this summary would count twice: "
+            + ", ".join(f"{task}/{system}/seed{seed}" for task, system, seed in repeated)
+        )
     work = Path(args.work_dir or f"runs/bench-learn-{time.strftime('%Y%m%d-%H%M%S')}")
     work.mkdir(parents=True, exist_ok=False)
     runs = []
@@ -257,7 +282,7 @@ def main(args: argparse.Namespace) -> int:
         before = greedy_accuracy(model, tokenizer, heldout)
         del model
         print(json.dumps({"task": task, "accuracy_before": before}), flush=True)
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
             for system in systems:
                 if system == "trl":
                     result = run_trl(task_dir, seed, args.minutes, args.minutes / 3)
@@ -269,7 +294,11 @@ def main(args: argparse.Namespace) -> int:
                 print(json.dumps(result), flush=True)
                 write_jsonl(work / "runs.jsonl", runs)
     plot_learn(work)
-    summary = summarise(runs, tasks)
-    summary.update(minutes=args.minutes, seeds=args.seeds, work_dir=str(work))
+    summary = summarise(included + runs, tasks)
+    seeds = sorted({(r["task"], r["system"], r["seed"]) for r in included + runs})
+    summary.update(
+        minutes=args.minutes, seeds=args.seeds, work_dir=str(work), included=args.include,
+        runs_summarised=[f"{task}/{system}/seed{seed}" for task, system, seed in seeds],
+    )  # fmt: skip
     print(json.dumps(summary), flush=True)
     return 0

@@ -236,6 +236,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--minutes", type=float, default=15.0, help="learn: budget per run")
     bench.add_argument("--seeds", type=int, default=3, help="learn: seeds per system and task")
+    bench.add_argument(
+        "--first-seed", type=int, default=0, help="learn: run seeds FIRST..FIRST+SEEDS-1"
+    )
+    bench.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="WORK_DIR",
+        help="learn: fold an earlier run's WORK_DIR/runs.jsonl into the summary (repeatable)",
+    )
     bench.add_argument("--tasks", default="hard,medium", help="learn: tasks (comma-separated)")
     bench.add_argument(
         "--systems", default="tracerl-grpo,tracerl-ppo,trl", help="learn: systems to run"

@@ -63,3 +63,33 @@ def test_targets_compare_means_worst_seeds_and_steps_with_trl() -> None:
     assert summary["target_met"] is False
     # a task with no TRL run cannot meet its targets
     assert summarise([run("tracerl-grpo", 0, 1.0, 10)], ["hard"])["target_met"] is False
+
+
+def test_included_runs_are_checked_before_any_training(tmp_path: Path) -> None:
+    """`--include` folds an earlier run's seeds into the summary; a missing file, or a run this
+    one would repeat, stops the benchmark before it loads a model."""
+    import argparse
+    import json
+
+    from tracerl.bench import learn
+
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "runs.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in [run("tracerl-grpo", 0, 0.6, 90), run("trl", 0, 0.5, 40)])
+    )
+
+    def args(include: list[str], first_seed: int) -> argparse.Namespace:
+        return argparse.Namespace(
+            tasks="hard", systems="tracerl-grpo", seeds=1, first_seed=first_seed,
+            include=include, work_dir=str(tmp_path / f"work{first_seed}"), minutes=1.0,
+            eval_every=20,
+        )  # fmt: skip
+
+    with pytest.raises(SystemExit, match="hard/tracerl-grpo/seed0"):
+        learn.main(args([str(earlier)], first_seed=0))
+    with pytest.raises(SystemExit, match="cannot read"):
+        learn.main(args([str(tmp_path / "missing")], first_seed=1))
+    assert not (tmp_path / "work0").exists() and not (tmp_path / "work1").exists()
+    assert [r["seed"] for r in learn.read_included(earlier, ["hard"])] == [0, 0]
+    assert learn.read_included(earlier, ["medium"]) == []
