@@ -20,10 +20,11 @@ what is in flight while a step trains, so every trajectory comes from the curren
 Embedded engines sharing the CPU with the trainer are paused in place while it trains and take
 the new weights before they resume (`loop.engines_while_training`).
 
-Evals (`[eval]`, greedy by default) run on exactly one weight version: while one is in flight
-no training episode is admitted and no newer weights are pushed; the controller never sheds
-eval episodes. `loop.max_minutes` ends the run at a wall-clock budget from process start, with
-a final eval. `RUN_DIR/groups.jsonl` says, per group, which step trained on it or why none did.
+Evals (`[eval]`, greedy by default; `tracerl.run.evals`) run on exactly one weight version:
+while one is in flight no training episode is admitted and no newer weights are pushed; the
+controller never sheds eval episodes. `loop.max_minutes` ends the run at a wall-clock budget
+from process start, with a final eval. `RUN_DIR/groups.jsonl` says, per group, which step
+trained on it or why none did.
 
 Checkpoints are written before a step's metrics line, so a logged step always has one; a
 `kill -9` loses at most the step in progress (a resumed run drops any later lines from
@@ -51,6 +52,7 @@ from tracerl.control.controller import ConcurrencyController, Kind
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode
 from tracerl.control.dispatcher import EpisodeResult as DispatchResult
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
+from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Rollout
 
@@ -83,12 +85,6 @@ class RLLoop:
         self._ready = asyncio.Event()  # a group became ready
         self._gate = asyncio.Event()  # admissions open (closed while a sync step trains)
         self._gate.set()
-        self._eval: dict[int, list[Rollout]] = {}
-        self._eval_changed = asyncio.Event()  # an eval episode ended
-        self._no_eval = asyncio.Event()  # no eval in flight: train admissions and pushes go on
-        self._no_eval.set()
-        self._evals_running = 0
-        self._last_eval_step: int | None = None
         self._tokens = 0
         self._admitted: dict[str, int] = {}  # in-flight train episode -> step it was admitted at
         self._training = False
@@ -198,6 +194,9 @@ class RLLoop:
         self.metrics = MetricsLog(self.run_dir, c.logging, c.model_dump(mode="json"))
         self.closers.append(self.metrics.close)
         self.progress = Progress(c.loop.steps, c.logging.progress)
+        self.evals = Evals(
+            c, self.env.name, self.eval_dataset, self.dispatcher, self.metrics, self.progress
+        )
         print(
             f"tracerl train: {c.trainer.algorithm} on {c.trainer.model}, env {self.env.name}, "
             f"{c.loop.steps} steps of {c.orchestrator.batch_size} trajectories "
@@ -224,8 +223,7 @@ class RLLoop:
         if result.cancelled:
             if kind == "eval":  # the loop stopping: the eval still ends, with a record
                 failed = EpisodeResult(None, failed=True, reason="cancelled")
-                self._eval.setdefault(group, []).append(Rollout(group, kind, failed))
-                self._eval_changed.set()
+                self.evals.record(group, Rollout(group, kind, failed))
                 return
             self.buffer.cancel(group)
             self._room.set()
@@ -240,8 +238,7 @@ class RLLoop:
         if rollout.result.failed:
             self._record_failure(rollout, ep.episode_id)
         if kind == "eval":
-            self._eval.setdefault(group, []).append(rollout)
-            self._eval_changed.set()
+            self.evals.record(group, rollout)
             return
         before = len(self.buffer.ready)
         self.buffer.add(rollout)
@@ -284,7 +281,7 @@ class RLLoop:
         ahead = self.groups_per_step * (1 + c.loop.max_off_policy_steps)
         while not self._stop.is_set():
             await self._gate.wait()
-            await self._no_eval.wait()  # an eval has the engines to itself, and ends sooner
+            await self.evals.idle.wait()  # an eval has the engines to itself, and ends sooner
             if self._outstanding() >= ahead:
                 self._room.clear()
                 await self._room.wait()
@@ -321,77 +318,6 @@ class RLLoop:
             "concurrency/offpolicy_max": float(max(lags, default=0)),
             "concurrency/offpolicy_mean": statistics.fmean(lags) if lags else 0.0,
         }
-
-    def _start_eval(self, step: int) -> asyncio.Task[None]:
-        """An eval of the weights of `step`: until it ends, no training episode is admitted
-        and no newer weights are pushed, so every eval episode runs on exactly those weights."""
-        self._last_eval_step = step
-        self._evals_running += 1
-        self._no_eval.clear()
-        task = asyncio.create_task(self._evaluate(step))
-        task.add_done_callback(self._eval_ended)
-        return task
-
-    def _eval_ended(self, task: asyncio.Task[None]) -> None:
-        self._evals_running -= 1
-        if not self._evals_running:
-            self._no_eval.set()
-        if not task.cancelled() and task.exception() is not None:
-            log.error("eval failed: %r", task.exception())
-
-    async def _evaluate(self, step: int) -> None:
-        """Every eval task `eval.samples` times with the eval's own sampling (greedy by
-        default), at the weights of `step`; logs reward, accuracy and pass@k."""
-        assert self.eval_dataset is not None
-        c, e = self.config, self.config.eval
-        sampling = {k: v for k, v in e.sampling.model_dump().items() if v is not None}
-        seed = c.loop.seed
-        groups = []
-        for index in range(len(self.eval_dataset)):
-            group = -(step * 1_000_000 + index + 1)  # negative: never a training group
-            groups.append(group)
-            for k in range(e.samples):
-                episode = Episode(
-                    f"eval{step}-{index}-{k}",
-                    f"eval{step}-{index}",
-                    env=self.env.name,
-                    kind="eval",
-                    payload=(self.eval_dataset[index], group, {**sampling, "seed": seed + k}),
-                )
-                try:
-                    await self.dispatcher.submit(episode)
-                except DispatcherClosed:
-                    return
-        while sum(len(self._eval.get(g, [])) for g in groups) < len(groups) * e.samples:
-            self._eval_changed.clear()
-            await self._eval_changed.wait()
-        per_task = [self._eval.pop(g, []) for g in groups]
-        rollouts = [r for task in per_task for r in task]
-        good = [r.result.reward for r in rollouts if r.ok and r.result.reward is not None]
-
-        def success(r: Rollout) -> bool:
-            return r.ok and r.result.reward is not None and r.result.reward >= e.success_reward
-
-        record: dict[str, Any] = {
-            "step": step,
-            "eval/reward_mean": statistics.fmean(good) if good else float("nan"),
-            "eval/accuracy": statistics.fmean(success(r) for r in rollouts),
-            f"eval/pass@{e.samples}": statistics.fmean(any(map(success, t)) for t in per_task),
-            "eval/episodes": len(rollouts),
-            "eval/failed": len(rollouts) - len(good),
-            "eval/weight_version_min": min((r.version for r in rollouts if r.ok), default=-1),
-            "eval/weight_version_max": max((r.version for r in rollouts if r.ok), default=-1),
-            "time/elapsed_s": process_elapsed_s(),
-        }
-        self.metrics.log(record)
-        self.progress.eval_accuracy = record["eval/accuracy"]
-        print(
-            f"eval at step {step}: accuracy {record['eval/accuracy']:.3f}, "
-            f"pass@{e.samples} {record[f'eval/pass@{e.samples}']:.3f}, reward "
-            f"{record['eval/reward_mean']:.3f} over {len(good)} episodes "
-            f"({record['eval/failed']} failed)",
-            flush=True,
-        )
 
     # ------------------------------------------------------------------ steps
 
@@ -437,7 +363,7 @@ class RLLoop:
                 await self.pool.pause("in_place")
             metrics = await asyncio.to_thread(self.trainer.step, samples)
             train_s = time.monotonic() - started
-            if pause and not self._no_eval.is_set():  # the eval in flight needs the engines
+            if pause and not self.evals.idle.is_set():  # the eval in flight needs the engines
                 await self.pool.resume()
                 pause = False
             await self._eval_or_stop()  # an eval in flight measures the weights it started on
@@ -486,7 +412,7 @@ class RLLoop:
 
     async def _eval_or_stop(self) -> None:
         """Wait until no eval is in flight, or the loop is stopping (its eval is discarded)."""
-        waits = [asyncio.ensure_future(e.wait()) for e in (self._no_eval, self._stop)]
+        waits = [asyncio.ensure_future(e.wait()) for e in (self.evals.idle, self._stop)]
         try:
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -531,7 +457,7 @@ class RLLoop:
             budget = asyncio.create_task(self._budget())
             every = self.config.eval.every
             if every and self.step == 0:  # the untrained baseline
-                evals.append(self._start_eval(0))
+                evals.append(self.evals.start(0))
             try:
                 while self.step < self.config.loop.steps and not budget.done():
                     step_task = asyncio.create_task(self._step())
@@ -564,7 +490,7 @@ class RLLoop:
                     self.metrics.log(record)
                     self.progress.update(self.step, record)
                     if every and self.step % every == 0:
-                        evals.append(self._start_eval(self.step))
+                        evals.append(self.evals.start(self.step))
                     if self._stop.is_set():
                         break
                 ended = not self._stop.is_set() and (
@@ -573,8 +499,8 @@ class RLLoop:
                 if ended:  # no more training episodes: the engines are the final eval's
                     self._gate.clear()
                     self.dispatcher.shed(self.dispatcher.inflight, kind="train")
-                if ended and every and self._last_eval_step != self.step:
-                    evals.append(self._start_eval(self.step))  # the final weights' eval
+                if ended and every and self.evals.last_step != self.step:
+                    evals.append(self.evals.start(self.step))  # the final weights' eval
                 if evals and not self._stop.is_set():  # a finished run reports its last eval
                     pending = {task for task in evals if not task.done()}
                     if pending:
