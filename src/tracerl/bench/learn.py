@@ -15,7 +15,9 @@ train prompts) with plain HF `generate`, on the base model (before) and on each 
 weights (after). One JSON line per run, then the summary: per system and task, mean / worst /
 best accuracy after and steps; the ratios against TRL; the targets and `target_met`. The curves
 (held-out accuracy against minutes) are drawn to `WORK_DIR/learn_curves.png` (as `tracerl
-plot WORK_DIR` draws them).
+plot WORK_DIR` draws them). `--first-seed N` runs seeds N.. (a later seed alone), and
+`--include WORK_DIR` adds an earlier run's `runs.jsonl` to the summary: the same budget and
+settings are the caller's to keep; a run that would be counted twice is refused.
 
 Targets (issue 12), on each task over the seeds run: tracerl-grpo's mean >= 1.3x TRL's mean, its
 worst seed >= TRL's worst, its steps >= 1.5x TRL's; tracerl-ppo's mean >= TRL's mean. It needs
