@@ -292,7 +292,7 @@ async def _run(workload: Workload, mode: str, seed: int) -> RunResult:
             while steps < w.steps and len(done_train) >= (steps + 1) * w.batch_size:
                 steps += 1
                 if controller is not None:
-                    controller.on_step(steps, loop.time())
+                    controller.on_step()
                 caps.append(dispatcher.cap)
                 stats_now = [s.stats() for s in sims]
                 marks.append(

@@ -290,7 +290,7 @@ class ConcurrencyController:
         if bound and fresh and s.last_signal == "CLEAR" and s.queued == 0:
             self._grow()
 
-    def on_step(self, step: int, now: float) -> None:
+    def on_step(self) -> None:
         """A training step boundary."""
         s = self.state
         s.steps += 1
@@ -399,13 +399,6 @@ class ConcurrencyController:
         if s.request_cost is not None:
             cost = max(cost or 0.0, s.request_cost)
         return cost
-
-    def feedforward(self) -> int | None:
-        s = self.state
-        cost = self.expected_cost()
-        if s.kappa is None or not cost or not s.capacity:
-            return None
-        return self._clamp(math.floor(s.kappa * s.capacity / cost))
 
     def _clamp(self, value: int) -> int:
         ceiling = self.config.max_inflight

@@ -102,16 +102,6 @@ def plan_prompt(
     return PromptPlan(text, [], None, text)
 
 
-def build_prompt(
-    renderer: ChatRenderer,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]],
-    state: SessionState | None,
-) -> Prompt:
-    plan = plan_prompt(renderer, messages, tools, state)
-    return plan.complete(renderer.tokenize(plan.new_text))
-
-
 def _as_sampled(message: dict[str, Any], raw: dict[str, str]) -> dict[str, Any]:
     if message["role"] != "assistant":
         return message

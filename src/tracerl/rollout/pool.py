@@ -375,7 +375,7 @@ class EnginePool:
         )
         self.weights_path, self.weight_version = model_path, version
         for member, result in zip(active, results, strict=True):
-            if result is not True:
+            if result is not None:  # the load's error, or one gather caught
                 self.counters["update_failed"] += 1
                 member.failures = self.config.failure_threshold - 1
                 self._mark(member, False, f"weight update to v{version} failed: {result}")
@@ -390,7 +390,8 @@ class EnginePool:
         model_path: str | None,
         version: int,
         tensors: Sequence[tuple[str, Any]] | None,
-    ) -> bool:
+    ) -> Exception | None:
+        """Load the weights into one engine; the error, or None once it reports `version`."""
         in_process = getattr(member.engine, "update_weights", None)
         try:
             if tensors is not None and in_process is not None:
@@ -400,11 +401,11 @@ class EnginePool:
                 await member.engine.update_weights_from_disk(model_path, version)
             info = await member.engine.model_info()
         except (WeightLoadError, EngineHTTPError, *_RETRYABLE) as e:
-            return e  # type: ignore[return-value]
+            return e
         if int(info.get("weight_version", -1)) != version:
-            return RuntimeError(f"reports v{info.get('weight_version')}")  # type: ignore[return-value]
+            return RuntimeError(f"reports v{info.get('weight_version')}")
         member.weight_version = version
-        return True
+        return None
 
     # ------------------------------------------------------------------ Engine protocol rest
 
@@ -441,19 +442,6 @@ class EnginePool:
             *(m.engine.metrics_text() for m in self.members if m.active), return_exceptions=True
         )
         return "".join(t for t in texts if isinstance(t, str))
-
-    def status(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": m.name,
-                "active": m.active,
-                "failures": m.failures,
-                "inflight": m.inflight,
-                "restarting": m.restarting,
-                "weight_version": m.weight_version,
-            }
-            for m in self.members
-        ]
 
 
 def _tiebreak(key: str, name: str) -> int:

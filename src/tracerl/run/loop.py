@@ -376,7 +376,7 @@ class RLLoop:
                 await self.pool.resume()
             self._training = False
         self.step = step
-        self.controller.on_step(step, asyncio.get_running_loop().time())
+        self.controller.on_step()
         self._gate.set()
         self._room.set()
         rewards = [r.result.reward for r in rollouts if r.result.reward is not None]

@@ -117,7 +117,7 @@ def test_freeze_pins_exactly_the_first_k_steps_but_not_hard_cuts() -> None:
     h.poll()
     h.turnover()
     assert h.cap == 20  # frozen: no growth before the first step boundary
-    h.ctl.on_step(1, h.now)
+    h.ctl.on_step()
     h.poll()
     h.turnover()
     assert h.cap == 25  # k=1 froze exactly one step: growth now (slew 25 % of 20)
@@ -366,7 +366,7 @@ def test_state_round_trips_for_resume() -> None:
     h = Harness(frozen_steps=1)
     h.poll(capacity=100_000, max_len=4096)  # bootstraps at 24
     h.complete(tokens=1500)
-    h.ctl.on_step(1, h.now)
+    h.ctl.on_step()
     h.turnover()
     saved = h.ctl.state_dict()
     resumed = Harness(frozen_steps=1)
