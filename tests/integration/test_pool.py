@@ -13,9 +13,9 @@ from tracerl.config import PoolConfig, SimEngineConfig, SimFaults
 from tracerl.engine.client import EngineClient, EngineHTTPError
 from tracerl.engine.server import build_engine_app, start_server
 from tracerl.engine.sim import SimEngine, fault_middleware, sim_engine_command
-from tracerl.engine.types import GenerateRequest
+from tracerl.engine.types import GenerateRequest, PoolError
 from tracerl.rollout.launcher import ProcessLauncher
-from tracerl.rollout.pool import EnginePool, Member, PoolError
+from tracerl.rollout.pool import EnginePool, Member
 
 FAST = {"time_scale": 1000.0, "output_len_median": 30.0, "output_len_sigma": 0.3}
 

@@ -151,10 +151,10 @@ async def run_soak(
 
 
 def main(args: argparse.Namespace) -> int:
-    from tracerl.cli import loop
+    from tracerl import eventloop
 
-    faulty = loop.run(run_soak(sessions=args.sessions))
-    clean = loop.run(run_soak(sessions=faulty.sessions, faults=False))
+    faulty = eventloop.run(run_soak(sessions=args.sessions))
+    clean = eventloop.run(run_soak(sessions=faulty.sessions, faults=False))
     detect = faulty.detect_s
     out = {
         "benchmark": "faults",

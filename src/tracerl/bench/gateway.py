@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from tracerl.cli import loop
+from tracerl import eventloop
 from tracerl.rollout.launcher import ProcessLauncher
 
 TURNS = 10
@@ -217,5 +217,5 @@ async def _compare(
 
 
 def main(args: argparse.Namespace) -> int:
-    print(json.dumps(loop.run(_run(args))), flush=True)
+    print(json.dumps(eventloop.run(_run(args))), flush=True)
     return 0

@@ -13,7 +13,7 @@ import json
 
 from aiohttp import web
 
-from tracerl.cli import loop
+from tracerl import eventloop
 
 
 def build_app(reply_ids: list[int], eos_id: int) -> web.Application:
@@ -70,4 +70,4 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--reply-ids", required=True)
     parser.add_argument("--eos-id", type=int, default=2)
-    loop.run(_main(parser.parse_args()))
+    eventloop.run(_main(parser.parse_args()))

@@ -131,12 +131,12 @@ async def _measure(
 
 def simulated(quick: bool) -> dict[str, Any]:
     """Sync against async over simulated engines (the inference-engine timing model)."""
-    from tracerl.cli import loop
+    from tracerl import eventloop
 
     steps = 4 if quick else 8
-    sync = loop.run(_measure(_config(steps, 0), _engines(1), "sync"))
+    sync = eventloop.run(_measure(_config(steps, 0), _engines(1), "sync"))
     print(json.dumps({"engine": "sim", **sync}), flush=True)
-    asynchronous = loop.run(_measure(_config(steps, OFF_POLICY_BOUND), _engines(1), "async"))
+    asynchronous = eventloop.run(_measure(_config(steps, OFF_POLICY_BOUND), _engines(1), "async"))
     print(json.dumps({"engine": "sim", **asynchronous}), flush=True)
     ratio = asynchronous["steps_per_hour"] / sync["steps_per_hour"]
     return {
@@ -154,8 +154,8 @@ EMBEDDED_MODES = (("sync", 0, "pause"), ("async-pause", 1, "pause"), ("async-run
 
 def embedded(quick: bool) -> dict[str, Any]:
     """The real model on the embedded engine: sync, async pausing the engine, async running."""
+    from tracerl import eventloop
     from tracerl.bench.learn import write_task_files
-    from tracerl.cli import loop
 
     steps = 4 if quick else 12
     measured: dict[str, dict[str, Any]] = {}
@@ -164,7 +164,7 @@ def embedded(quick: bool) -> dict[str, Any]:
         write_task_files(task_dir, "medium")
         for label, off_policy, engines_while_training in EMBEDDED_MODES:
             config = _embedded_config(task_dir, steps, off_policy, engines_while_training)
-            measured[label] = loop.run(_measure(config, None, label))
+            measured[label] = eventloop.run(_measure(config, None, label))
             print(json.dumps({"engine": "embedded", **measured[label]}), flush=True)
     rates = {label: m["steps_per_hour"] for label, m in measured.items()}
     ratio = rates["async-pause"] / rates["sync"]

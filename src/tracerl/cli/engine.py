@@ -6,7 +6,7 @@ import contextlib
 import time
 from typing import Any
 
-from tracerl.cli import loop
+from tracerl import eventloop
 from tracerl.config import ConfigError, EngineCommandConfig, EngineConfig
 
 
@@ -26,7 +26,6 @@ def build_engine(config: EngineConfig) -> Any:
 
 
 async def _engine_main(config: EngineCommandConfig, sim: bool) -> int:
-    from tracerl.cli.gateway import wait_for_signal
     from tracerl.engine.server import build_engine_app, start_server
 
     started = time.monotonic()
@@ -41,7 +40,7 @@ async def _engine_main(config: EngineCommandConfig, sim: bool) -> int:
     await engine.start()
     app = build_engine_app(engine, config.server.max_request_bytes, middlewares)
     runner, port = await start_server(app, config.server.host, config.server.port)
-    loop.settle_heap()
+    eventloop.settle_heap()
     url = f"http://{config.server.host}:{port}"
     print(
         f"tracerl engine: model {'sim' if sim else config.engine.model} on {url} "
@@ -54,7 +53,7 @@ async def _engine_main(config: EngineCommandConfig, sim: bool) -> int:
         flush=True,
     )
     try:
-        await wait_for_signal()
+        await eventloop.wait_for_signal()
         return 0
     finally:
         await runner.cleanup()
@@ -63,5 +62,5 @@ async def _engine_main(config: EngineCommandConfig, sim: bool) -> int:
 
 def run_engine(config: EngineCommandConfig, sim: bool = False) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        return loop.run(_engine_main(config, sim))
+        return eventloop.run(_engine_main(config, sim))
     return 130

@@ -7,13 +7,11 @@ and exits.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import signal
 import time
 from typing import Any
 
-from tracerl.cli import loop
+from tracerl import eventloop
 from tracerl.config import ConfigError, GatewayCommandConfig, GatewayConfig, ServeConfig
 
 
@@ -39,7 +37,7 @@ async def _gateway_up(
     runner, port = await start_server(
         gateway.app(), config.host, config.port, cancel_on_disconnect=False
     )
-    loop.settle_heap()
+    eventloop.settle_heap()
     url = f"http://{config.host}:{port}"
     print(f"tracerl gateway: {url} (model {config.model}, store {config.store})", flush=True)
     print(f"admin key: {gateway.admin_key}", flush=True)
@@ -49,14 +47,6 @@ async def _gateway_up(
         flush=True,
     )
     return gateway, store, runner, url
-
-
-async def wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
 
 
 async def _gateway_main(config: GatewayConfig) -> int:
@@ -84,7 +74,7 @@ async def _gateway_main(config: GatewayConfig) -> int:
         raise ConfigError(f"gateway.engine_urls: cannot reach the engine: {e}") from None
     _, store, runner, _ = await _gateway_up(config, engine, tokenizer)
     try:
-        await wait_for_signal()
+        await eventloop.wait_for_signal()
     finally:
         await runner.cleanup()
         await store.close()
@@ -108,7 +98,7 @@ async def _serve_main(config: ServeConfig, demo: bool, prompt: str) -> int:
         if demo:
             await _demo(url, gateway.admin_key, prompt)
             return 0
-        await wait_for_signal()
+        await eventloop.wait_for_signal()
         return 0
     finally:
         await runner.cleanup()
@@ -156,11 +146,11 @@ async def _demo(url: str, admin_key: str, prompt: str) -> None:
 
 def run_gateway(config: GatewayCommandConfig) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        return loop.run(_gateway_main(config.gateway))
+        return eventloop.run(_gateway_main(config.gateway))
     return 130
 
 
 def run_serve(config: ServeConfig, demo: bool, prompt: str) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        return loop.run(_serve_main(config, demo, prompt))
+        return eventloop.run(_serve_main(config, demo, prompt))
     return 130

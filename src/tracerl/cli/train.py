@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from tracerl.cli import loop
+from tracerl import eventloop
 from tracerl.config import ConfigError, TrainCommandConfig
 
 
@@ -29,5 +29,5 @@ def run_train(config: TrainCommandConfig, run_dir: Path, resume: bool = False) -
     from tracerl.run.loop import RLLoop
 
     with contextlib.suppress(KeyboardInterrupt):
-        return loop.run(RLLoop(config, run_dir, resume).run())
+        return eventloop.run(RLLoop(config, run_dir, resume).run())
     return 130

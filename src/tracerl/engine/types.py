@@ -28,6 +28,11 @@ class WeightLoadError(ValueError):
     """New weights that cannot be loaded; the engine keeps serving its previous weights."""
 
 
+class PoolError(RuntimeError):
+    """A request an engine pool could not complete on any engine; the message says why. (Here,
+    beside the engine types, so that the gateway needs no import of the pool.)"""
+
+
 class EngineError(RuntimeError):
     """The engine failed while running a request (the request gets no result)."""
 

@@ -24,10 +24,10 @@ from tracerl.engine.types import (
     EngineError,
     GenerateOutput,
     GenerateRequest,
+    PoolError,
     RequestError,
     SamplingParams,
 )
-from tracerl.rollout.pool import PoolError
 
 
 class UpstreamError(Exception):

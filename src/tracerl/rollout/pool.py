@@ -34,14 +34,16 @@ import aiohttp
 from tracerl.config import PoolConfig
 from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
 from tracerl.engine.protocol import Engine, PauseMode, collect
-from tracerl.engine.types import EngineError, GenerateOutput, GenerateRequest, WeightLoadError
+from tracerl.engine.types import (
+    EngineError,
+    GenerateOutput,
+    GenerateRequest,
+    PoolError,
+    WeightLoadError,
+)
 from tracerl.rollout.launcher import EngineLauncher
 
 log = logging.getLogger(__name__)
-
-
-class PoolError(RuntimeError):
-    """A request the pool could not complete on any engine; the message says why."""
 
 
 def affinity_key(rid: str) -> str:
