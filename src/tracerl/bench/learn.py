@@ -237,8 +237,8 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
 def read_included(work_dir: Path, tasks: list[str]) -> list[dict[str, Any]]:
     """An earlier `bench learn`'s runs of these tasks, to summarise with this one's."""
     path = work_dir / "runs.jsonl"
-    try:
-        runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:  # the dataset reader: errors by file:line, every row checked for what is summarised
+        runs = read_jsonl(path, ("task", "system", "seed", "accuracy_after", "steps"))
     except (OSError, ValueError) as e:
         raise SystemExit(f"bench learn: --include {work_dir}: cannot read {path}: {e}") from e
     return [r for r in runs if r.get("task") in tasks]
