@@ -7,7 +7,7 @@ from typing import Any
 
 from tests.fakes import two_turn_loss_mask
 from tracerl.envs import Session, make_environment, run_episode
-from tracerl.gateway.schema import SessionTrace
+from tracerl.trace.schema import SessionTrace
 
 TOOL_CALL = (
     '<tool_call>\n{{"name": "calculate", "arguments": {{"expression": "{}"}}}}\n</tool_call>'

@@ -15,7 +15,7 @@ import pytest
 
 from tracerl.config.envs import DatasetConfig, parse_env_config
 from tracerl.envs import Session, load_dataset, make_environment, run_episode, score_trace
-from tracerl.gateway.schema import SessionTrace
+from tracerl.trace.schema import SessionTrace
 
 ROOT = Path(__file__).parents[2]
 AGENTS = ROOT / "tests" / "agents"

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tracerl.gateway.schema import SessionTrace
+from tracerl.trace.schema import SessionTrace
 
 Task = dict[str, Any]
 """One task: a JSON-serialisable dict whose fields each environment documents."""

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from tracerl.envs.base import Environment, Session, Task
-from tracerl.gateway.schema import SessionTrace
+from tracerl.trace.schema import SessionTrace
 
 log = logging.getLogger(__name__)
 

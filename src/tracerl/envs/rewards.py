@@ -17,7 +17,7 @@ from fractions import Fraction
 from typing import Any
 
 from tracerl.envs.base import Task, TraceReward
-from tracerl.gateway.schema import SessionTrace
+from tracerl.trace.schema import SessionTrace
 
 TextReward = Callable[[Task, str], float]
 

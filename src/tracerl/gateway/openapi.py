@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from tracerl.engine.openapi import TEXT, json_body, model_schemas, responses
-from tracerl.gateway.schema import SessionTrace
+from tracerl.trace.schema import SessionTrace
 
 OPENAI_ERROR = {
     "type": "object",

@@ -39,7 +39,6 @@ from tracerl.gateway.generation import (
 from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
 from tracerl.gateway.parse import parse_output, streamable_prefix
 from tracerl.gateway.render import ChatRenderer
-from tracerl.gateway.schema import Turn
 from tracerl.gateway.session import (
     Prompt,
     RecordedTurn,
@@ -48,6 +47,7 @@ from tracerl.gateway.session import (
     with_system_prompt,
 )
 from tracerl.gateway.store import StoreError, TraceStore
+from tracerl.trace.schema import Turn
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import orjson
 
-from tracerl.gateway.schema import SessionTrace, Turn
-from tracerl.gateway.trajectories import assemble_trajectories
+from tracerl.trace.schema import SessionTrace, Turn
+from tracerl.trace.trajectories import assemble_trajectories
 
 T = TypeVar("T")
 

@@ -27,8 +27,8 @@ from typing import Any
 import aiohttp
 
 from tracerl.envs import Environment, EpisodeResult, Session, Task, run_episode, score_trace
-from tracerl.gateway.schema import SessionTrace
 from tracerl.gateway.store import SQLiteTraceStore
+from tracerl.trace.schema import SessionTrace
 from tracerl.train.batch import TrainSample
 
 log = logging.getLogger(__name__)

@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 
 from tracerl.config.train import DEFAULT_BUCKET_SPLIT_COST
-from tracerl.gateway.schema import Trajectory
+from tracerl.trace.schema import Trajectory
 
 Batching = Literal["pack", "bucket", "pad"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from tracerl.envs import EnvResult, EpisodeResult, Session, run_episode, score_trace
 from tracerl.envs.base import Task, TraceReward
-from tracerl.gateway.schema import SessionTrace
+from tracerl.trace.schema import SessionTrace
 
 SESSION = Session.from_gateway(
     {

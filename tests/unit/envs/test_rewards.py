@@ -16,7 +16,7 @@ from tracerl.envs.rewards import (
     load_reward_fn,
     parse_number,
 )
-from tracerl.gateway.schema import SessionTrace
+from tracerl.trace.schema import SessionTrace
 
 
 @pytest.mark.parametrize(

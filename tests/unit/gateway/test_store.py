@@ -3,7 +3,7 @@ import sqlite3
 
 import pytest
 
-from tests.unit.gateway.test_trajectories import turn
+from tests.unit.trace.test_trajectories import turn
 from tracerl.gateway.store import SQLiteTraceStore, StoreError
 
 

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from tracerl.gateway.schema import Trajectory
+from tracerl.trace.schema import Trajectory
 from tracerl.train.batch import (
     PackedBatch,
     SampleError,

@@ -12,7 +12,7 @@ log-probabilities and 0.0 elsewhere.
 
 from __future__ import annotations
 
-from tracerl.gateway.schema import Trajectory, Turn
+from tracerl.trace.schema import Trajectory, Turn
 
 
 class TraceError(ValueError):

@@ -1,7 +1,7 @@
 import pytest
 
-from tracerl.gateway.schema import SessionTrace, Turn
-from tracerl.gateway.trajectories import TraceError, assemble_trajectories
+from tracerl.trace.schema import SessionTrace, Turn
+from tracerl.trace.trajectories import TraceError, assemble_trajectories
 
 
 def turn(index, prompt, completion, parent=None, logprob=-0.5):
