@@ -109,7 +109,7 @@ async def test_weight_sync_under_load_loses_and_duplicates_nothing(sims, tmp_pat
         outs.append(chunks[-1])
     assert sorted(o.rid for o in outs) == sorted(f"w{i}" for i in range(8))
     # requests aborted mid-way by the sync carry tokens from both versions, and say so
-    assert all(o.weight_version == 1 and o.min_weight_version == 0 for o in outs)
+    assert all(o.weight_version == 1 and o.weight_version_min == 0 for o in outs)
     assert pool.counters["aborted_resumed"] == 8
     assert [m.weight_version for m in pool.members] == [1, 1]
     waiting = EnginePool(await sims(2, time_scale=50.0), PoolConfig(update_mode="wait"))
@@ -138,7 +138,7 @@ async def test_an_in_place_weight_sync_continues_every_request_and_labels_its_to
         ids = [t for c in chunks for t in c.output_ids]
         assert len(ids) == 400 and chunks[-1].finish_reason == "length"
         # tokens after the sync came from v1, and the reply says v0 sampled some of them
-        assert chunks[-1].weight_version == 1 and chunks[-1].min_weight_version == 0
+        assert chunks[-1].weight_version == 1 and chunks[-1].weight_version_min == 0
     assert pool.counters["aborted_resumed"] == 0  # nothing was aborted or recomputed
     assert [m.weight_version for m in pool.members] == [1, 1]
 

@@ -62,7 +62,7 @@ def output_from_wire(payload: Any) -> GenerateOutput:
         finish_reason=finish["type"] if finish else None,
         text=str(payload.get("text", "")),
         matched_stop=finish.get("matched") if finish else None,
-        min_weight_version=meta.get("min_weight_version"),
+        weight_version_min=meta.get("weight_version_min"),
     )
 
 

@@ -99,7 +99,7 @@ class GenerateOutput:
     finish_reason: FinishType | None = None
     text: str = ""
     matched_stop: int | None = None
-    min_weight_version: int | None = None
+    weight_version_min: int | None = None
     """Oldest weights any token of this generation came from, when a resumed generation crossed
     a weight update (the pool sets it; `weight_version` is the newest)."""
 
@@ -123,8 +123,8 @@ class GenerateOutput:
                 ],
                 "weight_version": self.weight_version,
                 **(
-                    {"min_weight_version": self.min_weight_version}
-                    if self.min_weight_version is not None
+                    {"weight_version_min": self.weight_version_min}
+                    if self.weight_version_min is not None
                     else {}
                 ),
             },

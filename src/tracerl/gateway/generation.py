@@ -68,7 +68,7 @@ class Completion:
     """All sampled ids decoded with special tokens: what follows the prompt text."""
     weight_version: int
     prompt_tokens: int
-    min_weight_version: int | None = None
+    weight_version_min: int | None = None
 
 
 async def generate(
@@ -119,8 +119,8 @@ async def generate(
                 ids += chunk.output_ids
                 logprobs += chunk.output_logprobs
                 version = chunk.weight_version
-                if chunk.min_weight_version is not None:
-                    min_version = chunk.min_weight_version
+                if chunk.weight_version_min is not None:
+                    min_version = chunk.weight_version_min
                 if incremental:
                     text += detok.add(chunk.output_ids)
                 if chunk.finish_reason is not None:
@@ -168,7 +168,7 @@ async def generate(
         full_text=safe_decode(tokenizer, ids),
         weight_version=version,
         prompt_tokens=len(prompt_ids),
-        min_weight_version=min_version,
+        weight_version_min=min_version,
     )
 
 

@@ -505,7 +505,7 @@ class Gateway:
                 completion_logprobs=c.logprobs,
                 finish_reason="tool_calls" if outcome.has_calls else c.finish,
                 weight_version=c.weight_version,
-                weight_version_min=c.min_weight_version,
+                weight_version_min=c.weight_version_min,
                 client_disconnected=client_disconnected,
                 request=body,
                 response=response,

@@ -68,7 +68,10 @@ class Member:
 class _Progress:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    oldest: int | None = None
+    """Weight version of its oldest token (None: no token yet)."""
+    newest: int = 0
+    """Weight version of its newest token."""
 
 
 _RETRYABLE = (aiohttp.ClientError, TimeoutError, EngineReplyError, ConnectionError, EngineError)
@@ -210,15 +213,18 @@ class EnginePool:
                             raise EngineReplyError("ids and logprobs of different lengths")
                         progress.ids += chunk.output_ids
                         progress.logprobs += chunk.output_logprobs
-                        progress.versions += [chunk.weight_version] * len(chunk.output_ids)
+                        if chunk.output_ids:
+                            progress.newest = chunk.weight_version
+                            if progress.oldest is None or chunk.weight_version < progress.oldest:
+                                progress.oldest = chunk.weight_version
                         finish = chunk.finish_reason
                         if finish == "abort":
                             break  # resumed below; not the caller's business
                         chunk.rid = request.rid
                         chunk.prompt_tokens = len(request.input_ids)
                         chunk.completion_tokens = len(progress.ids)
-                        if progress.versions and min(progress.versions) != chunk.weight_version:
-                            chunk.min_weight_version = min(progress.versions)
+                        if progress.oldest is not None and progress.oldest != chunk.weight_version:
+                            chunk.weight_version_min = progress.oldest
                         yield chunk
                         if finish is not None:
                             break
@@ -266,7 +272,7 @@ class EnginePool:
             output_logprobs=[],
             prompt_tokens=len(request.input_ids),
             completion_tokens=len(progress.ids),
-            weight_version=progress.versions[-1] if progress.versions else 0,
+            weight_version=progress.newest,
             finish_reason=finish,  # type: ignore[arg-type]
         )
 

@@ -55,6 +55,7 @@ from tracerl.envs import EpisodeResult, load_dataset, make_environment
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Rollout
+from tracerl.trace.versions import oldest_trainable, staleness
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ class RLLoop:
             "outcome": outcome,
             "step": step,
             "rewards": [r.result.reward for r in group.rollouts],
-            "oldest_version": min((r.version for r in group.rollouts), default=None),
+            "oldest_version": group.version if group.rollouts else None,
         }
         with (self.run_dir / "groups.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
@@ -324,7 +325,7 @@ class RLLoop:
     async def _step(self) -> dict[str, Any]:
         c = self.config
         step = self.step + 1
-        min_version = step - 1 - c.loop.max_off_policy_steps
+        min_version = oldest_trainable(step, c.loop.max_off_policy_steps)
         waited = time.monotonic()
         if self.buffer.drop_stale(min_version):
             self._room.set()  # their places go to fresh groups
@@ -380,6 +381,7 @@ class RLLoop:
         self._gate.set()
         self._room.set()
         rewards = [r.result.reward for r in rollouts if r.result.reward is not None]
+        stale = [staleness(step, s.weight_version) for s in samples]
         record: dict[str, Any] = {**metrics, "step": step}
         record.update(
             {
@@ -389,10 +391,8 @@ class RLLoop:
                 "rollout/samples": len(samples),
                 "rollout/completion_tokens_mean": statistics.fmean(r.tokens for r in rollouts),
                 "rollout/sample_tokens_mean": statistics.fmean(len(s.token_ids) for s in samples),
-                "rollout/staleness_mean": statistics.fmean(
-                    step - 1 - s.weight_version for s in samples
-                ),
-                "rollout/staleness_max": max(step - 1 - s.weight_version for s in samples),
+                "rollout/staleness_mean": statistics.fmean(stale),
+                "rollout/staleness_max": max(stale),
                 "time/elapsed_s": process_elapsed_s(),
                 "time/wait_rollouts_s": wait_s,
                 "time/train_s": train_s,

@@ -29,6 +29,7 @@ import aiohttp
 from tracerl.envs import Environment, EpisodeResult, Session, Task, run_episode, score_trace
 from tracerl.gateway.store import SQLiteTraceStore
 from tracerl.trace.schema import SessionTrace
+from tracerl.trace.versions import oldest_version
 from tracerl.train.batch import TrainSample
 
 log = logging.getLogger(__name__)
@@ -64,10 +65,7 @@ def trace_samples(trace: SessionTrace, reward: float, group: int) -> tuple[list[
         turns = [trace.turns[i] for i in trajectory.turn_indices]
         if not turns or not any(trajectory.loss_mask):
             continue
-        version = min(
-            t.weight_version if t.weight_version_min is None else t.weight_version_min
-            for t in turns
-        )
+        version = oldest_version(turns)
         oldest = version if oldest is None else min(oldest, version)
         samples.append(
             TrainSample.from_trajectory(
@@ -153,6 +151,11 @@ class Group:
     def done(self) -> bool:
         return len(self.rollouts) >= self.size
 
+    @property
+    def version(self) -> int:
+        """Its oldest episode's weight version."""
+        return min(r.version for r in self.rollouts)
+
 
 class GroupBuffer:
     """Completed groups, ready for the trainer, in completion order."""
@@ -214,7 +217,7 @@ class GroupBuffer:
         taken: list[Group] = []
         while self.ready and len(taken) < groups:
             group = self.ready.pop(0)
-            if min(r.version for r in group.rollouts) < min_version:
+            if group.version < min_version:
                 self.counters["groups_stale"] += 1
                 self.on_drop(group, "stale")
                 continue
@@ -226,7 +229,7 @@ class GroupBuffer:
         and must not hold the places of fresh ones."""
         fresh = []
         for group in self.ready:
-            if min(r.version for r in group.rollouts) >= min_version:
+            if group.version >= min_version:
                 fresh.append(group)
             else:
                 self.on_drop(group, "stale")
@@ -236,4 +239,4 @@ class GroupBuffer:
         return dropped
 
     def fresh_ready(self, min_version: int) -> int:
-        return sum(1 for g in self.ready if min(r.version for r in g.rollouts) >= min_version)
+        return sum(1 for g in self.ready if g.version >= min_version)
