@@ -7,6 +7,11 @@ Aggregation (`agg`) over a packed batch:
   micro-batch losses add up to the same value however the batch is split.
 - `seq_mean_token_sum`: mean over trajectories of each one's token sum (needs `cu_seqlens`).
 - `seq_mean_token_mean`: mean over trajectories of each one's token mean (needs `cu_seqlens`).
+
+`loss_mask` selects the action tokens of a full token layout (prompt and tool tokens 0). Without
+it every token is an action token: the trainer's layout, whose micro-batch tensors are gathered
+over action tokens before they reach a loss (`tracerl.train.forward`), with `cu_seqlens` over
+those tokens. Both give the same loss (tested).
 """
 
 from __future__ import annotations
@@ -21,17 +26,13 @@ KLEstimator = Literal["k1", "k2", "k3"]
 
 def aggregate(
     per_token: torch.Tensor,
-    loss_mask: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
     agg: Agg = "token_mean",
     cu_seqlens: torch.Tensor | None = None,
     denominator: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """Reduce a per-token quantity `[T]` over the masked tokens as `agg` says."""
-    if per_token.shape != loss_mask.shape:
-        raise ValueError(
-            f"loss_mask: shape {tuple(loss_mask.shape)} does not match {tuple(per_token.shape)}"
-        )
-    mask = loss_mask.to(per_token.dtype)
+    """Reduce a per-token quantity `[T]` over the action tokens as `agg` says."""
+    mask = _actions(loss_mask, per_token, "per_token").to(per_token.dtype)
     masked = per_token * mask
     if agg == "token_mean":
         denom = mask.sum().clamp_min(1.0) if denominator is None else denominator
@@ -57,7 +58,7 @@ def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
@@ -76,11 +77,7 @@ def policy_loss(
     which corrects for the inference engine sampling from slightly different numbers than the
     trainer computes.
     """
-    for name, t in (
-        ("old_logprobs", old_logprobs),
-        ("advantages", advantages),
-        ("loss_mask", loss_mask),
-    ):
+    for name, t in (("old_logprobs", old_logprobs), ("advantages", advantages)):
         if t.shape != logprobs.shape:
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not match logprobs {tuple(logprobs.shape)}"
@@ -101,7 +98,7 @@ def policy_loss(
         bound = -advantages * dual_clip
         dual_hit = (advantages < 0) & (per_token > bound)
         per_token = torch.where(dual_hit, bound, per_token)
-    mask = loss_mask.bool()
+    mask = _actions(loss_mask, logprobs, "logprobs")
     metrics: dict[str, float] = {}
     if rollout_logprobs is not None:
         if rollout_logprobs.shape != logprobs.shape:
@@ -113,7 +110,7 @@ def policy_loss(
         per_token = per_token * is_weight
         metrics["is_weight_mean"] = _masked_mean(is_weight, mask)
         metrics["is_weight_max"] = _masked_max(is_weight, mask)
-    loss = aggregate(per_token, loss_mask, agg, cu_seqlens, denominator)
+    loss = aggregate(per_token, mask, agg, cu_seqlens, denominator)
     with torch.no_grad():
         metrics.update(
             {
@@ -133,7 +130,7 @@ def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,
     returns: torch.Tensor,
-    loss_mask: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
     *,
     clip: float | None = None,
     agg: Agg = "token_mean",
@@ -145,14 +142,14 @@ def value_loss(
     Clipping keeps the critic in a trust region around its pre-update values while rollouts are
     reused over several passes, taking the larger of the two errors.
     """
-    for name, t in (("old_values", old_values), ("returns", returns), ("loss_mask", loss_mask)):
+    for name, t in (("old_values", old_values), ("returns", returns)):
         if t.shape != values.shape:
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not match values {tuple(values.shape)}"
             )
     values, old_values, returns = values.float(), old_values.float(), returns.float()
     unclipped = (values - returns) ** 2
-    mask = loss_mask.bool()
+    mask = _actions(loss_mask, values, "values")
     if clip is None:
         per_token = 0.5 * unclipped
         clip_frac = 0.0
@@ -163,7 +160,7 @@ def value_loss(
         clipped = (clipped_v - returns) ** 2
         per_token = 0.5 * torch.maximum(unclipped, clipped)
         clip_frac = _masked_mean((clipped > unclipped).float(), mask)
-    loss = aggregate(per_token, loss_mask, agg, cu_seqlens, denominator)
+    loss = aggregate(per_token, mask, agg, cu_seqlens, denominator)
     return loss, {
         "value_clip_frac": clip_frac,
         "value_mean": _masked_mean(values.detach(), mask),
@@ -196,7 +193,7 @@ def kl_per_token(
 def kl_penalty(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
-    loss_mask: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
     *,
     estimator: KLEstimator = "k3",
     coef: float = 1.0,
@@ -225,6 +222,17 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     z = logits.float()
     p = torch.softmax(z, dim=-1)
     return torch.logsumexp(z, dim=-1) - (p * z).sum(dim=-1)
+
+
+def _actions(loss_mask: torch.Tensor | None, like: torch.Tensor, name: str) -> torch.Tensor:
+    """The boolean action-token mask: `loss_mask`, or every token of `like`."""
+    if loss_mask is None:
+        return torch.ones(like.shape, dtype=torch.bool, device=like.device)
+    if loss_mask.shape != like.shape:
+        raise ValueError(
+            f"loss_mask: shape {tuple(loss_mask.shape)} does not match {name} {tuple(like.shape)}"
+        )
+    return loss_mask.bool()
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:

@@ -38,7 +38,7 @@ from typing import Literal
 
 import torch
 
-from tracerl.config.train import DEFAULT_BUCKET_SPLIT_COST
+from tracerl.config.train import DEFAULT_BUCKET_SPLIT_COST, TrainerConfig
 from tracerl.trace.schema import Trajectory
 
 Batching = Literal["pack", "bucket", "pad"]
@@ -249,17 +249,18 @@ def micro_batches(
     samples: Sequence[int],
     token_budget: int,
     batching: Batching,
-    split_cost: float | None = None,
+    split_cost: float = DEFAULT_BUCKET_SPLIT_COST,
     share_prefix: bool = False,
 ) -> list[MicroBatch]:
-    """Cut `samples` (indices into `batch`) into micro-batches under `token_budget`;
-    `split_cost` (bucket) defaults to `token_budget * DEFAULT_BUCKET_SPLIT_COST`.
-    `share_prefix` (bucket): a group's shared prompt is forwarded once (tree rows)."""
+    """Cut `samples` (indices into `batch`) into micro-batches under `token_budget`.
+    `split_cost` (bucket): padded tokens one more micro-batch is worth, as a fraction of
+    `token_budget` (`trainer.bucket_split_cost`). `share_prefix` (bucket): a group's shared
+    prompt is forwarded once (tree rows)."""
     lengths = [batch.lengths[i] for i in samples]
+    cost = token_budget * split_cost
     if batching == "bucket" and share_prefix:
         units = prefix_units(batch, samples, token_budget)
         if any(shared for _, shared in units):
-            cost = token_budget * DEFAULT_BUCKET_SPLIT_COST if split_cost is None else split_cost
             sizes = [_unit_length(batch, u) for u in units]
             out = []
             for part in plan_buckets(sizes, token_budget, cost):
@@ -274,7 +275,6 @@ def micro_batches(
     if batching == "pack":
         plan = plan_packs(lengths, token_budget)
     elif batching == "bucket":
-        cost = token_budget * DEFAULT_BUCKET_SPLIT_COST if split_cost is None else split_cost
         plan = plan_buckets(lengths, token_budget, cost)
     elif batching == "pad":
         plan = plan_padded(lengths, token_budget)
@@ -287,6 +287,16 @@ def micro_batches(
         width = max(lengths) if batching == "pad" else max(batch.lengths[i] for i in chosen)
         out.append(_build(batch, chosen, batching, width))
     return out
+
+
+def micro_batches_for(
+    batch: PackedBatch, samples: Sequence[int], config: TrainerConfig, batching: Batching
+) -> list[MicroBatch]:
+    """`micro_batches` as the trainer's config lays them out."""
+    return micro_batches(
+        batch, samples, config.token_budget, batching, config.bucket_split_cost,
+        config.share_prefix,
+    )  # fmt: skip
 
 
 def _build(batch: PackedBatch, samples: list[int], batching: Batching, width: int) -> MicroBatch:

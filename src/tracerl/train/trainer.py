@@ -43,7 +43,7 @@ from tracerl.algo.losses import kl_in_reward, kl_per_token
 from tracerl.algo.stats import explained_variance
 from tracerl.config.train import RESUME_SAFE_FIELDS, OptimizerConfig, TrainerConfig
 from tracerl.train import checkpoint as ckpt
-from tracerl.train.batch import Batching, MicroBatch, PackedBatch, TrainSample, micro_batches
+from tracerl.train.batch import Batching, MicroBatch, PackedBatch, TrainSample, micro_batches_for
 from tracerl.train.forward import all_logprobs, all_values
 from tracerl.train.models import load_actor, load_reference, value_model_from_actor
 from tracerl.train.phases import MemoryPhases, Phase, Place
@@ -103,11 +103,13 @@ class Trainer:
 
     # ---- models ---------------------------------------------------------------------------
 
-    def _models(self) -> dict[str, torch.nn.Module]:
-        models = {"actor": self.actor}
+    def _models(self, trained_only: bool = False) -> dict[str, torch.nn.Module]:
+        """The actor, the critic and the reference model that exist; `trained_only`: the ones
+        a checkpoint holds (the reference is the frozen initial actor)."""
+        models: dict[str, torch.nn.Module] = {"actor": self.actor}
         if self.critic is not None:
             models["critic"] = self.critic
-        if self.reference is not None:
+        if self.reference is not None and not trained_only:
             models["reference"] = self.reference
         return models
 
@@ -186,11 +188,7 @@ class Trainer:
         metrics.set(f"time/{name}", time.perf_counter() - started)
 
     def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
-        cfg = self.config
-        split = cfg.token_budget * cfg.bucket_split_cost
-        return micro_batches(
-            batch, samples, cfg.token_budget, self.batching, split, share_prefix=cfg.share_prefix
-        )
+        return micro_batches_for(batch, samples, self.config, self.batching)
 
     def _reference_logprobs(
         self, batch: PackedBatch, mbs: list[MicroBatch], metrics: Metrics
@@ -348,12 +346,6 @@ class Trainer:
             state["critic_scheduler"] = self.critic_scheduler.state_dict()
         return state
 
-    def _weights(self) -> dict[str, torch.nn.Module]:
-        models: dict[str, torch.nn.Module] = {"actor": self.actor}
-        if self.critic is not None:
-            models["critic"] = self.critic
-        return models
-
     def save_checkpoint(
         self, directory: str | Path, loop_state: bytes | dict[str, Any] | None = None
     ) -> Path:
@@ -365,7 +357,7 @@ class Trainer:
             directory,
             self.step_count,
             self.config.model_dump(mode="json"),
-            self._weights(),
+            self._models(trained_only=True),
             self._checkpoint_state(),
             loop_state,
             self.config.keep_last_n,
@@ -384,7 +376,10 @@ class Trainer:
                 raise ckpt.CheckpointError(f"{root}: holds no complete checkpoint")
             root = latest
         step, state, loop_state = ckpt.read_checkpoint(
-            root, self.config.model_dump(mode="json"), self._weights(), RESUME_SAFE_FIELDS
+            root,
+            self.config.model_dump(mode="json"),
+            self._models(trained_only=True),
+            RESUME_SAFE_FIELDS,
         )
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.actor_scheduler.load_state_dict(state["actor_scheduler"])

@@ -7,7 +7,8 @@ update does not depend on how the mini-batch is cut into micro-batches. Epochs r
 trained samples with a generator seeded by (seed, step), which a resumed run reproduces.
 
 The losses are `tracerl.algo.losses`, evaluated on action tokens only: each micro-batch's
-tensors are `[k]` over its actions, so masked tokens never enter a loss.
+tensors are `[k]` over its actions (gathered by the loss mask), so the losses take no mask and
+masked tokens never enter a loss.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch.distributed as dist
 from tracerl.algo.distributed import all_reduce_sum, global_token_count
 from tracerl.algo.losses import kl_penalty, kl_per_token, policy_loss, value_loss
 from tracerl.config.train import TrainerConfig
-from tracerl.train.batch import Batching, MicroBatch, PackedBatch, micro_batches
+from tracerl.train.batch import Batching, MicroBatch, PackedBatch, micro_batches_for
 from tracerl.train.forward import action_logprobs, action_values
 from tracerl.train.schedule import optimizer_step
 
@@ -148,12 +149,9 @@ def _update(
     skipped, norms = 0, []
     for index, part in enumerate(parts):
         denom = denominator(batch, part, agg)
-        split = config.token_budget * config.bucket_split_cost
         computed = [i for i in part if i not in zero_grad]
         if computed:
-            for mb in micro_batches(
-                batch, computed, config.token_budget, batching, split, config.share_prefix
-            ):
+            for mb in micro_batches_for(batch, computed, config, batching):
                 backward(mb, denom, index)
         for p in params:  # what a forward of the zero-gradient samples would have left
             if p.grad is None:
@@ -205,9 +203,8 @@ def update_actor(
         lp, entropy = action_logprobs(actor, mb, config.temperature, with_entropy=True)
         old = lp.detach() if targets.old_logprobs is None else targets.old_logprobs[mb.actions]
         rollout = batch.rollout_logprobs[mb.actions]
-        ones = torch.ones_like(lp)
         loss, m = policy_loss(
-            lp, old, targets.advantages[mb.actions], ones,
+            lp, old, targets.advantages[mb.actions],
             clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip,
             agg=config.loss_agg, cu_seqlens=mb.cu_seqlens, rollout_logprobs=rollout,
             tis_cap=config.tis_cap, denominator=denom,
@@ -217,7 +214,7 @@ def update_actor(
             ref = targets.ref_logprobs[mb.actions]
             if config.kl_loss_coef > 0:
                 kl_loss = kl_penalty(
-                    lp, ref, ones, estimator=config.kl_estimator, coef=config.kl_loss_coef,
+                    lp, ref, estimator=config.kl_estimator, coef=config.kl_loss_coef,
                     agg=config.loss_agg, cu_seqlens=mb.cu_seqlens, denominator=denom,
                 )  # fmt: skip
                 metrics.add("actor/kl_loss", float(kl_loss.detach()))
@@ -263,8 +260,8 @@ def update_critic(
     def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
         values = action_values(critic, mb)
         loss, m = value_loss(
-            values, old_values[mb.actions], returns[mb.actions], torch.ones_like(values),
-            clip=config.value_clip, denominator=denom,
+            values, old_values[mb.actions], returns[mb.actions], clip=config.value_clip,
+            denominator=denom,
         )  # fmt: skip
         loss.backward()
         metrics.add("critic/value_loss", float(loss.detach()))

@@ -166,3 +166,36 @@ def test_bfloat16_inputs_are_computed_in_float32() -> None:
     vloss, _ = value_loss(v, o, r, mask, clip=0.2)
     ref = aggregate_ref(value_ref(v.float(), o.float(), r.float(), 0.2), mask, "token_mean", cu)
     torch.testing.assert_close(vloss, torch.tensor(ref, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_the_trainers_action_layout_gives_the_masked_loss(agg: str) -> None:
+    # The trainer gathers action tokens before the losses and passes no mask: the same losses
+    # as the full layout with its mask, cu_seqlens counting each trajectory's action tokens.
+    gen = torch.Generator().manual_seed(17)
+    for _ in range(10):
+        cu, mask = random_pack(gen)
+        t, m = mask.numel(), mask.bool()
+        lp, old, adv, v, ret = (torch.randn(t, generator=gen) for _ in range(5))
+        counts = [
+            int(mask[a:b].sum()) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)
+        ]
+        action_cu = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
+        full, full_m = policy_loss(lp, old, adv, mask, agg=agg, cu_seqlens=cu, dual_clip=3.0)
+        gathered, gathered_m = policy_loss(
+            lp[m], old[m], adv[m], agg=agg, cu_seqlens=action_cu, dual_clip=3.0
+        )
+        torch.testing.assert_close(gathered, full)
+        assert gathered_m == pytest.approx(full_m)
+        full_v, _ = value_loss(v, old, ret, mask, clip=0.2, agg=agg, cu_seqlens=cu)
+        gathered_v, _ = value_loss(v[m], old[m], ret[m], clip=0.2, agg=agg, cu_seqlens=action_cu)
+        torch.testing.assert_close(gathered_v, full_v)
+        full_kl = kl_penalty(lp, old, mask, agg=agg, cu_seqlens=cu)
+        torch.testing.assert_close(
+            kl_penalty(lp[m], old[m], agg=agg, cu_seqlens=action_cu), full_kl
+        )
+
+
+def test_a_mask_of_another_shape_is_named() -> None:
+    with pytest.raises(ValueError, match=r"loss_mask: shape \(2,\) does not match logprobs \(3,\)"):
+        policy_loss(torch.zeros(3), torch.zeros(3), torch.zeros(3), torch.ones(2))
