@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tracerl.gateway.api import ApiRequest, Outcome, integer, number, sse, stop_strings
+from tracerl.gateway.api import ApiRequest, Dialect, Outcome, integer, number, sse, stop_strings
 from tracerl.gateway.generation import SamplingSpec
 from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
 
@@ -172,3 +172,25 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
         529: "overloaded_error",
     }.get(status, "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def models(model_name: str) -> dict[str, Any]:
+    entry = {
+        "type": "model",
+        "id": model_name,
+        "display_name": model_name,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
+    return {"data": [entry], "has_more": False, "first_id": model_name, "last_id": model_name}
+
+
+DIALECT = Dialect(
+    endpoint="messages",
+    response_id_prefix="msg_",
+    tool_call_id_prefix="toolu_",
+    parse_request=parse_request,
+    response=response,
+    chunk_writer=ChunkWriter,
+    error_body=error_body,
+    models=models,
+)

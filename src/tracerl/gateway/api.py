@@ -1,11 +1,12 @@
-"""What both API surfaces share: the parsed request, id minting and the SSE framing."""
+"""What both API surfaces share: the parsed request, the dialect, id minting and SSE framing."""
 
 from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, Protocol
 
 from tracerl.gateway.generation import Completion, SamplingSpec
 from tracerl.gateway.messages import BadRequest
@@ -94,3 +95,39 @@ class Outcome:
                 for cid, c in zip(self.call_ids, self.parsed.tool_calls, strict=True)
             ]
         return message
+
+
+class ChunkWriter(Protocol):
+    """One streamed response's server-sent events, in its API's framing."""
+
+    def start(self, prompt_tokens: int) -> bytes: ...
+    def text(self, delta: str) -> bytes: ...
+    def finish(self, outcome: Outcome, remaining_text: str) -> bytes: ...
+    def end(self) -> bytes: ...
+    def error(self, status: int, message: str) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """One API surface (OpenAI chat completions, Anthropic messages): everything the server
+    needs to speak it, so no code outside the surface's module asks which one it is."""
+
+    endpoint: Literal["chat.completions", "messages"]
+    """The trace's name for the turns it records."""
+    response_id_prefix: str
+    tool_call_id_prefix: str
+    parse_request: Callable[[dict[str, Any]], ApiRequest]
+    response: Callable[[Outcome, ApiRequest, str, str, Any], dict[str, Any]]
+    """(outcome, request, model, response id, tokenizer) -> the response body."""
+    chunk_writer: Callable[[str, str, bool], ChunkWriter]
+    """(model, response id, include_usage) -> a stream's writer."""
+    error_body: Callable[[int, str, str | None], dict[str, Any]]
+    """(status, message, param) -> the surface's error body."""
+    models: Callable[[str], dict[str, Any]]
+    """(model name) -> the `GET /v1/models` body."""
+
+    def new_response_id(self) -> str:
+        return new_id(self.response_id_prefix)
+
+    def new_tool_call_id(self) -> str:
+        return new_id(self.tool_call_id_prefix)

@@ -7,6 +7,7 @@ from typing import Any
 
 from tracerl.gateway.api import (
     ApiRequest,
+    Dialect,
     Outcome,
     integer,
     number,
@@ -187,3 +188,20 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
         501: "not_implemented",
     }.get(status, "server_error" if status >= 500 else "api_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def models(model_name: str) -> dict[str, Any]:
+    entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "tracerl"}
+    return {"object": "list", "data": [entry]}
+
+
+DIALECT = Dialect(
+    endpoint="chat.completions",
+    response_id_prefix="chatcmpl-",
+    tool_call_id_prefix="call_",
+    parse_request=parse_request,
+    response=response,
+    chunk_writer=ChunkWriter,
+    error_body=error_body,
+    models=models,
+)

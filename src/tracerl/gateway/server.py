@@ -21,14 +21,15 @@ import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from tracerl.engine.protocol import Engine
-from tracerl.gateway import anthropic_api, openai_api
-from tracerl.gateway.api import ApiRequest, Outcome, new_id
+from tracerl.gateway.anthropic_api import DIALECT as ANTHROPIC
+from tracerl.gateway.api import ApiRequest, Dialect, Outcome
 from tracerl.gateway.generation import (
     Completion,
     EngineUnavailable,
@@ -37,6 +38,7 @@ from tracerl.gateway.generation import (
     generate,
 )
 from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
+from tracerl.gateway.openai_api import DIALECT as OPENAI
 from tracerl.gateway.parse import parse_output, streamable_prefix
 from tracerl.gateway.render import ChatRenderer
 from tracerl.gateway.session import (
@@ -147,17 +149,17 @@ class Gateway:
 
     async def create_session(self, request: web.Request) -> web.Response:
         if not self._is_admin(request):
-            return _native_error(False, 401, "a valid admin key is required")
+            return _error(OPENAI, 401, "a valid admin key is required")
         body: Any = {}
         if request.can_read_body:
-            body = await _read_json(request, anthropic=False)
+            body = await _read_json(request, OPENAI)
             if isinstance(body, web.Response):
                 return body
         if not isinstance(body, dict):
-            return _native_error(False, 400, "expected a JSON object", "body")
+            return _error(OPENAI, 400, "expected a JSON object", "body")
         system_prompt = body.get("system_prompt", self.system_prompt)
         if system_prompt is not None and not isinstance(system_prompt, str):
-            return _native_error(False, 400, "expected a string", "system_prompt")
+            return _error(OPENAI, 400, "expected a string", "system_prompt")
         sid, key = secrets.token_hex(16), secrets.token_urlsafe(32)
         meta = {"system_prompt": system_prompt, "metadata": body.get("metadata") or {}}
         await self.store.create_session(sid, key_hash(key), meta)
@@ -174,19 +176,19 @@ class Gateway:
 
     async def get_trace(self, request: web.Request) -> web.Response:
         if not self._is_admin(request):
-            return _native_error(False, 401, "a valid admin key is required")
+            return _error(OPENAI, 401, "a valid admin key is required")
         trace = await self.store.trace(request.match_info["sid"])
         if trace is None:
-            return _native_error(False, 404, "no such session")
+            return _error(OPENAI, 404, "no such session")
         return web.Response(text=trace.model_dump_json(), content_type="application/json")
 
     async def close_session(self, request: web.Request) -> web.Response:
         if not self._is_admin(request):
-            return _native_error(False, 401, "a valid admin key is required")
+            return _error(OPENAI, 401, "a valid admin key is required")
         sid = request.match_info["sid"]
         state = await self._session(sid)
         if state is None or not await self.store.close_session(sid):
-            return _native_error(False, 404, "no such session")
+            return _error(OPENAI, 404, "no such session")
         state.closed = True
         return web.json_response({"session_id": sid, "status": "closed"})
 
@@ -224,65 +226,42 @@ class Gateway:
         anthropic = path.startswith("/v1/messages") or (
             not path.startswith("/v1/chat") and "anthropic-version" in request.headers
         )
+        dialect = ANTHROPIC if anthropic else OPENAI  # the shape of its errors
         if sid is not None and not _SESSION_ID.fullmatch(sid):  # no session has such an id
-            return _native_error(anthropic, 404, "no such session")
+            return _error(dialect, 404, "no such session")
         if kind == "chat":
-            return await self.generation(request, sid, anthropic=False)
+            return await self.generation(request, sid, OPENAI)
         if kind == "messages":
-            return await self.generation(request, sid, anthropic=True)
+            return await self.generation(request, sid, ANTHROPIC)
         if kind == "count_tokens":
             return await self.count_tokens(request, sid)
         if kind == "models":
-            return self.models(anthropic)
+            return web.json_response(dialect.models(self.model_name))
         if kind == "responses" or path == "/v1/responses":
-            return _native_error(False, 501, "the Responses API is not implemented")
-        return _native_error(anthropic, 404, f"no route for {request.method} {path}")
+            return _error(OPENAI, 501, "the Responses API is not implemented")
+        return _error(dialect, 404, f"no route for {request.method} {path}")
 
     async def _authorize(
-        self, request: web.Request, sid: str | None, anthropic: bool
+        self, request: web.Request, sid: str | None, dialect: Dialect
     ) -> SessionState | web.Response | None:
         if sid is None:
             if not self._is_admin(request):
-                return _native_error(anthropic, 401, "missing or invalid API key")
+                return _error(dialect, 401, "missing or invalid API key")
             return None
         state = await self._session(sid)
         if state is None:
-            return _native_error(anthropic, 404, "no such session")
+            return _error(dialect, 404, "no such session")
         if not self._may_use(request, state):
-            return _native_error(anthropic, 401, "missing or invalid API key")
+            return _error(dialect, 401, "missing or invalid API key")
         return state
 
-    def models(self, anthropic: bool) -> web.Response:
-        if anthropic:
-            entry: dict[str, Any] = {
-                "type": "model",
-                "id": self.model_name,
-                "display_name": self.model_name,
-                "created_at": "1970-01-01T00:00:00Z",
-            }
-            return web.json_response(
-                {
-                    "data": [entry],
-                    "has_more": False,
-                    "first_id": self.model_name,
-                    "last_id": self.model_name,
-                }
-            )
-        model_entry: dict[str, Any] = {
-            "id": self.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "tracerl",
-        }
-        return web.json_response({"object": "list", "data": [model_entry]})
-
     async def count_tokens(self, request: web.Request, sid: str | None) -> web.Response:
-        body = await _read_json(request, anthropic=True)
+        body = await _read_json(request, ANTHROPIC)
         if isinstance(body, web.Response):
             return body
         if isinstance(body, dict) and sid is None and "session_id" in body:
             sid = str(body.pop("session_id"))
-        state = await self._authorize(request, sid, anthropic=True)
+        state = await self._authorize(request, sid, ANTHROPIC)
         if isinstance(state, web.Response):
             return state
         try:
@@ -292,100 +271,92 @@ class Gateway:
             messages = with_system_prompt(messages, state.system_prompt if state else None)
             text = self.renderer.render(messages, anthropic_tools(body))
         except BadRequest as e:
-            return _native_error(True, 400, str(e), e.param)
+            return _error(ANTHROPIC, 400, str(e), e.param)
         self.counters["count_tokens"] += 1
         return web.json_response({"input_tokens": len(self.renderer.tokenize(text))})
 
     # ------------------------------------------------------------------ generations
 
     async def generation(
-        self, request: web.Request, sid: str | None, *, anthropic: bool
+        self, request: web.Request, sid: str | None, dialect: Dialect
     ) -> web.StreamResponse:
         self._busy += 1
         try:
-            return await self._generation(request, sid, anthropic=anthropic)
+            return await self._generation(request, sid, dialect)
         except Exception as e:  # a bug, not a client or engine error: still a native error
             log.exception("generation request failed")
             self.counters["internal_error"] += 1
-            return _native_error(anthropic, 500, f"internal gateway error: {e!r}")
+            return _error(dialect, 500, f"internal gateway error: {e!r}")
         finally:
             self._busy -= 1
 
     async def _generation(
-        self, request: web.Request, sid: str | None, *, anthropic: bool
+        self, request: web.Request, sid: str | None, dialect: Dialect
     ) -> web.StreamResponse:
-        api: Any = anthropic_api if anthropic else openai_api
-        body = await _read_json(request, anthropic)
+        body = await _read_json(request, dialect)
         if isinstance(body, web.Response):
             return body
         if isinstance(body, dict) and "session_id" in body:
             body_sid = body.pop("session_id")  # the gateway's field: stripped before anything
             sid = sid or (str(body_sid) if body_sid is not None else None)
-        state = await self._authorize(request, sid, anthropic)
+        state = await self._authorize(request, sid, dialect)
         if isinstance(state, web.Response):
             return state
         if state is not None and state.closed:
-            return _native_error(anthropic, 409, "the session is closed")
+            return _error(dialect, 409, "the session is closed")
         try:
             if not isinstance(body, dict):
                 raise BadRequest("body", "expected a JSON object")
-            parsed: ApiRequest = api.parse_request(body)
+            parsed = dialect.parse_request(body)
             plan = plan_prompt(self.renderer, parsed.messages, parsed.tools, state)
         except BadRequest as e:
-            return _native_error(anthropic, 400, str(e), e.param)
+            return _error(dialect, 400, str(e), e.param)
         prompt = plan.complete(await self._tokenize(plan.new_text))
-        rid = new_id("msg_" if anthropic else "chatcmpl-")
-        endpoint = "messages" if anthropic else "chat.completions"
-        self.counters[f"generation.{endpoint}.{'traced' if state else 'untraced'}"] += 1
+        turn = _PendingTurn(dialect, state, body, parsed, prompt, dialect.new_response_id())
+        self.counters[f"generation.{dialect.endpoint}.{'traced' if state else 'untraced'}"] += 1
         items = generate(
             self.engine,
             self.tokenizer,
             prompt.ids,
             parsed.spec,
-            f"{sid or 'eval'}-{rid}",
+            f"{sid or 'eval'}-{turn.rid}",
             self.eos_ids,
             stream=parsed.stream,
         )
         try:
             first = await anext(items)
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
-            return self._generation_error(anthropic, e)
+            return self._generation_error(dialect, e)
         if parsed.stream:
-            return await self._stream(request, api, parsed, prompt, state, body, rid, first, items)
+            return await self._stream(request, turn, first, items)
         completion = first
         try:
             async for item in items:
                 completion = item
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
-            return self._generation_error(anthropic, e)
+            return self._generation_error(dialect, e)
         assert isinstance(completion, Completion)
-        outcome = self._outcome(completion, anthropic)
-        response = api.response(outcome, parsed, self.model_name, rid, self.tokenizer)
+        outcome = self._outcome(completion, dialect)
+        response = self._response(turn, outcome)
         if state is not None:
             transport = request.transport
             gone = transport is None or transport.is_closing()
-            failure = await self._record(state, endpoint, body, prompt, outcome, response, gone)
+            failure = await self._record(turn, outcome, response, gone)
             if failure is not None:
-                return _native_error(anthropic, 500, failure)
+                return _error(dialect, 500, failure)
         return _json(response)
 
     async def _stream(
         self,
         request: web.Request,
-        api: Any,
-        parsed: ApiRequest,
-        prompt: Prompt,
-        state: SessionState | None,
-        body: dict[str, Any],
-        rid: str,
+        turn: _PendingTurn,
         first: str | Completion,
         items: AsyncIterator[str | Completion],
     ) -> web.StreamResponse:
-        anthropic = api is anthropic_api
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        writer = api.ChunkWriter(self.model_name, rid, parsed.include_usage)
+        writer = turn.dialect.chunk_writer(self.model_name, turn.rid, turn.parsed.include_usage)
         gone = False
         try:
             await resp.prepare(request)
@@ -403,7 +374,7 @@ class Gateway:
                 gone = True  # keep generating: the turn is still recorded
                 self.counters["client_disconnected"] += 1
 
-        await send(writer.start(len(prompt.ids)))
+        await send(writer.start(len(turn.prompt.ids)))
         emitted, completion = "", None
 
         async def show(item: str | Completion) -> None:
@@ -428,15 +399,13 @@ class Gateway:
             await send(writer.error(status, message))
             return await _close(resp)
         assert completion is not None
-        outcome = self._outcome(completion, anthropic)
+        outcome = self._outcome(completion, turn.dialect)
         content = outcome.parsed.content
         await send(
             writer.finish(outcome, content[len(emitted) :] if content.startswith(emitted) else "")
         )
-        if state is not None:
-            response = api.response(outcome, parsed, self.model_name, rid, self.tokenizer)
-            endpoint = "messages" if anthropic else "chat.completions"
-            failure = await self._record(state, endpoint, body, prompt, outcome, response, gone)
+        if turn.state is not None:
+            failure = await self._record(turn, outcome, self._response(turn, outcome), gone)
             if failure is not None:
                 await send(writer.error(500, failure))
                 return await _close(resp)
@@ -452,33 +421,33 @@ class Gateway:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, self.renderer.tokenize, text)
 
-    def _outcome(self, completion: Completion, anthropic: bool) -> Outcome:
+    def _outcome(self, completion: Completion, dialect: Dialect) -> Outcome:
         parsed = parse_output(completion.text, self.renderer.reasoning)
-        prefix = "toolu_" if anthropic else "call_"
-        return Outcome(completion, parsed, [new_id(prefix) for _ in parsed.tool_calls])
+        return Outcome(completion, parsed, [dialect.new_tool_call_id() for _ in parsed.tool_calls])
 
-    def _generation_error(self, anthropic: bool, error: Exception) -> web.Response:
+    def _response(self, turn: _PendingTurn, outcome: Outcome) -> dict[str, Any]:
+        return turn.dialect.response(
+            outcome, turn.parsed, self.model_name, turn.rid, self.tokenizer
+        )
+
+    def _generation_error(self, dialect: Dialect, error: Exception) -> web.Response:
         status, message = _classify(error)
         self.counters["generation_failed"] += 1
-        return _native_error(anthropic, status, message)
+        return _error(dialect, status, message)
 
     async def _record(
         self,
-        state: SessionState,
-        endpoint: str,
-        body: dict[str, Any],
-        prompt: Prompt,
+        turn: _PendingTurn,
         outcome: Outcome,
         response: dict[str, Any],
         client_disconnected: bool,
     ) -> str | None:
         """Commit the turn; on failure log it and return the message the caller must see."""
+        assert turn.state is not None
         try:
-            await self._commit(
-                state, endpoint, body, prompt, outcome, response, client_disconnected
-            )
+            await self._commit(turn.state, turn, outcome, response, client_disconnected)
         except Exception as e:
-            log.exception("recording a turn of session %s failed", state.session_id)
+            log.exception("recording a turn of session %s failed", turn.state.session_id)
             self.counters["record_failed"] += 1
             return f"the turn could not be recorded: {e}"
         return None
@@ -486,20 +455,18 @@ class Gateway:
     async def _commit(
         self,
         state: SessionState,
-        endpoint: str,
-        body: dict[str, Any],
-        prompt: Prompt,
+        turn: _PendingTurn,
         outcome: Outcome,
         response: dict[str, Any],
         client_disconnected: bool,
     ) -> None:
-        c = outcome.completion
+        c, prompt = outcome.completion, turn.prompt
         async with state.lock:
             # Every field comes from the gateway's own typed values: no re-validation of the
             # thousands of ids per turn (the store validates what it reads back).
-            turn = Turn.model_construct(
+            recorded = Turn.model_construct(
                 index=state.next_index,
-                endpoint=endpoint,
+                endpoint=turn.dialect.endpoint,
                 prompt_ids=prompt.ids,
                 completion_ids=c.ids,
                 completion_logprobs=c.logprobs,
@@ -507,18 +474,31 @@ class Gateway:
                 weight_version=c.weight_version,
                 weight_version_min=c.weight_version_min,
                 client_disconnected=client_disconnected,
-                request=body,
+                request=turn.body,
                 response=response,
                 parent=prompt.parent,
             )
-            await self.store.append_turn(state.session_id, turn)
+            await self.store.append_turn(state.session_id, recorded)
             state.next_index += 1
             state.remember(
-                RecordedTurn(turn.index, prompt.text + c.full_text, prompt.ids + c.ids),
+                RecordedTurn(recorded.index, prompt.text + c.full_text, prompt.ids + c.ids),
                 outcome.returned_message(),
                 c.raw,
             )
         self.counters["turns_recorded"] += 1
+
+
+@dataclass(frozen=True)
+class _PendingTurn:
+    """One generation request, parsed, before its reply: what recording its turn needs."""
+
+    dialect: Dialect
+    state: SessionState | None
+    """Its session; None: untraced (admin-key evals)."""
+    body: dict[str, Any]
+    parsed: ApiRequest
+    prompt: Prompt
+    rid: str
 
 
 def _classify(error: Exception) -> tuple[int, str]:
@@ -531,27 +511,25 @@ def _classify(error: Exception) -> tuple[int, str]:
     return 500, f"internal gateway error: {error!r}"
 
 
-def _native_error(
-    anthropic: bool, status: int, message: str, param: str | None = None
-) -> web.Response:
-    module: Any = anthropic_api if anthropic else openai_api
-    return web.json_response(module.error_body(status, message, param), status=status)
+def _error(dialect: Dialect, status: int, message: str, param: str | None = None) -> web.Response:
+    """An error response in `dialect`'s shape."""
+    return web.json_response(dialect.error_body(status, message, param), status=status)
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
 
 
-async def _read_json(request: web.Request, anthropic: bool) -> Any:
+async def _read_json(request: web.Request, dialect: Dialect) -> Any:
     """The JSON body, or a native 400/413 error response."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        return _native_error(anthropic, 413, "request body too large")
+        return _error(dialect, 413, "request body too large")
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
-        return _native_error(anthropic, 400, f"body is not valid JSON: {e}", "body")
+        return _error(dialect, 400, f"body is not valid JSON: {e}", "body")
 
 
 async def _close(resp: web.StreamResponse) -> web.StreamResponse:
