@@ -311,10 +311,12 @@ async def test_auth_routes_and_auxiliary_endpoints(make_engine, make_gateway) ->
             f"{gw.url}/sessions/{session['session_id']}/close", headers=gw.admin
         ) as r:
             assert r.status == 200
+        assert session["session_id"] not in gw.gateway.sessions  # released, not kept for ever
         async with http.post(
             f"{session['openai_base_url']}/chat/completions", json=plain, headers=key
         ) as r:
-            assert r.status == 409
+            assert r.status == 409  # read back from the store: still closed
+        assert session["session_id"] not in gw.gateway.sessions
     trace = await gw.trace(session["session_id"])
     assert trace["status"] == "closed" and len(trace["turns"]) == 2
     assert trace["turns"][0]["request"].get("session_id") is None  # stripped before recording

@@ -138,7 +138,8 @@ class Gateway:
                 closed=record.status == "closed",
                 next_index=len(turns),
             )
-            self.sessions[sid] = state
+            if not state.closed:  # closed ones are read from the store when asked for
+                self.sessions[sid] = state
         return state
 
     def _may_use(self, request: web.Request, state: SessionState) -> bool:
@@ -189,7 +190,8 @@ class Gateway:
         state = await self._session(sid)
         if state is None or not await self.store.close_session(sid):
             return _error(OPENAI, 404, "no such session")
-        state.closed = True
+        state.closed = True  # a request still in flight sees it through its own reference
+        self.sessions.pop(sid, None)  # its prompts and raw assistant texts go with it
         return web.json_response({"session_id": sid, "status": "closed"})
 
     async def health(self, request: web.Request) -> web.Response:

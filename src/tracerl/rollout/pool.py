@@ -24,7 +24,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +44,10 @@ from tracerl.engine.types import (
 from tracerl.rollout.launcher import EngineLauncher
 
 log = logging.getLogger(__name__)
+
+AFFINITY_SESSIONS = 16384
+"""Sessions whose engine the pool remembers, least recently used forgotten first: a forgotten
+session is routed afresh (an engine's prefix cache holds far fewer sessions than this)."""
 
 
 def affinity_key(rid: str) -> str:
@@ -86,7 +90,7 @@ class EnginePool:
         self.counters: Counter[str] = Counter()
         self.weight_version = 0
         self.weights_path: str | None = None
-        self._affinity: dict[str, Member] = {}
+        self._affinity: OrderedDict[str, Member] = OrderedDict()
         self._admission = asyncio.Event()
         self._admission.set()
         self._changed = asyncio.Event()
@@ -152,6 +156,7 @@ class EnginePool:
         while True:
             sticky = self._affinity.get(key)
             if sticky is not None and sticky.active and sticky.name not in exclude:
+                self._affinity.move_to_end(key)
                 return sticky
             candidates = [m for m in self.members if m.active and m.name not in exclude]
             if not candidates:  # every other engine failed this request: allow a retry there
@@ -159,6 +164,9 @@ class EnginePool:
             if candidates:
                 chosen = min(candidates, key=lambda m: (m.inflight, _tiebreak(key, m.name)))
                 self._affinity[key] = chosen
+                self._affinity.move_to_end(key)
+                if len(self._affinity) > AFFINITY_SESSIONS:
+                    self._affinity.popitem(last=False)
                 return chosen
             remaining = deadline - time.monotonic()
             if remaining <= 0:

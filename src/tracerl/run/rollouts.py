@@ -174,7 +174,8 @@ class GroupBuffer:
         self.pending: dict[int, Group] = {}
         self.ready: list[Group] = []
         self.counters: Counter[str] = Counter()
-        self._cancelled: set[int] = set()
+        self._cancelled: dict[int, int] = {}
+        """Cancelled groups -> how many of their members have yet to report (then forgotten)."""
 
     def open(self, group: int) -> None:
         """A group's first episode was submitted: it is outstanding from now on."""
@@ -182,6 +183,7 @@ class GroupBuffer:
 
     def add(self, rollout: Rollout) -> None:
         if rollout.group in self._cancelled:  # its other members were shed: it never completes
+            self._reported(rollout.group)
             return
         group = self.pending.setdefault(rollout.group, Group(rollout.group, self.group_size))
         group.rollouts.append(rollout)
@@ -206,10 +208,20 @@ class GroupBuffer:
 
     def cancel(self, group: int) -> None:
         """A group whose episodes were cancelled (shed, or the loop stopping) never completes;
-        its members that still finish are ignored."""
-        self._cancelled.add(group)
-        if self.pending.pop(group, None) is not None:
-            self.counters["groups_cancelled"] += 1
+        its members that still finish are ignored. Called once per cancelled member: when every
+        member has reported, the group is forgotten."""
+        if group not in self._cancelled:
+            pending = self.pending.pop(group, None)
+            if pending is not None:
+                self.counters["groups_cancelled"] += 1
+            reported = len(pending.rollouts) if pending is not None else 0
+            self._cancelled[group] = self.group_size - reported
+        self._reported(group)
+
+    def _reported(self, group: int) -> None:
+        self._cancelled[group] -= 1
+        if self._cancelled[group] <= 0:
+            del self._cancelled[group]
 
     def take(self, groups: int, min_version: int) -> list[Group]:
         """Up to `groups` ready groups whose every sample is at `min_version` or newer; staler

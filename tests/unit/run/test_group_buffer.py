@@ -57,3 +57,21 @@ def test_cancelled_groups_stop_being_outstanding() -> None:
     assert 7 not in buffer.pending and buffer.counters["groups_cancelled"] == 1
     buffer.add(rollout(7, 1.0))  # a member that finished after its group was shed
     assert 7 not in buffer.pending and not buffer.ready
+
+
+def test_a_cancelled_group_is_forgotten_once_every_member_has_reported() -> None:
+    buffer = GroupBuffer(3, filter_uniform=False)
+    buffer.open(5)
+    buffer.add(rollout(5, 1.0))  # finished before the shed
+    buffer.cancel(5)  # one member shed
+    buffer.add(rollout(5, 0.0))  # the last one finishes after: ignored
+    assert not buffer.pending and not buffer.ready and not buffer._cancelled
+    # the id is free again: nothing of group 5 lingers to swallow a later group's members
+    buffer.add(rollout(5, 1.0))
+    assert 5 in buffer.pending
+    for group in range(100, 1100):  # shed groups do not accumulate
+        buffer.open(group)
+        buffer.cancel(group)
+        buffer.cancel(group)
+        buffer.add(rollout(group, 1.0))
+    assert not buffer._cancelled and buffer.counters["groups_cancelled"] == 1001
