@@ -72,7 +72,6 @@ class Dispatcher:
         self._window: list[tuple[float, int]] = []  # (time, +1 admission / -1 refund)
         self._changed = asyncio.Event()
         self._closed = False
-        self.results: list[EpisodeResult] = []
 
     @property
     def inflight(self) -> int:
@@ -105,12 +104,15 @@ class Dispatcher:
             if self._closed:
                 raise DispatcherClosed("the dispatcher is closed")
             now = self.clock()
-            if self.inflight < self.cap and self._burst_budget(now) >= 1:
-                break
+            slides_in: float | None = None  # at the cap: only a completion or a new cap helps
+            if self.inflight < self.cap:
+                if self._burst_budget(now) >= 1:
+                    break
+                # the window is spent: it changes when its oldest entry leaves it
+                slides_in = max(0.0, self._window[0][0] + BURST_WINDOW_S - now)
             self._changed.clear()
-            # woken by a completion or a new cap; the timeout lets the burst window slide
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(0.05):
+                async with asyncio.timeout(slides_in):
                     await self._changed.wait()
         self._window.append((now, 1))
         task = asyncio.ensure_future(self.run(episode))
@@ -131,7 +133,6 @@ class Dispatcher:
         self._running.pop(episode.episode_id, None)
         if not result.cancelled:
             self._window.append((self.clock(), -1))  # natural completions refund admission
-        self.results.append(result)
         self._changed.set()
         self.on_complete(result)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tracerl.control.dispatcher import BURST_WINDOW_S, Dispatcher, Episode
+from tracerl.control.dispatcher import BURST_WINDOW_S, Dispatcher, Episode, EpisodeResult
 
 
 class Clock:
@@ -27,7 +27,8 @@ async def test_admits_up_to_the_cap_which_can_change() -> None:
         await release.wait()
         return ep.episode_id, 10
 
-    d = Dispatcher(run, cap=2, group_size=100)
+    results: list[EpisodeResult] = []
+    d = Dispatcher(run, cap=2, group_size=100, on_complete=results.append)
     submits = [asyncio.create_task(d.submit(Episode(f"e{i}", f"g{i}"))) for i in range(4)]
     await settle()
     assert d.inflight == 2 and sum(t.done() for t in submits) == 2
@@ -37,7 +38,7 @@ async def test_admits_up_to_the_cap_which_can_change() -> None:
     release.set()
     await asyncio.wait_for(asyncio.gather(*submits), 5)
     await d.drain()
-    assert len(d.results) == 4 and all(r.tokens == 10 for r in d.results)
+    assert len(results) == 4 and all(r.tokens == 10 for r in results)
 
 
 async def test_burst_window_meters_net_growth_and_refunds_only_completions() -> None:
@@ -75,7 +76,8 @@ async def test_shedding_takes_the_youngest_groups_first() -> None:
         await asyncio.Event().wait()
         return None, 0
 
-    d = Dispatcher(run, cap=100, group_size=100, clock=clock)
+    results: list[EpisodeResult] = []
+    d = Dispatcher(run, cap=100, group_size=100, clock=clock, on_complete=results.append)
     # group "old" has one member started at t=0 and one at t=30: its age is its oldest member's
     starts = [("old", 0.0), ("mid", 10.0), ("young", 20.0), ("old", 30.0), ("young", 25.0)]
     for i, (group, t) in enumerate(starts):
@@ -84,8 +86,8 @@ async def test_shedding_takes_the_youngest_groups_first() -> None:
     victims = d.shed(3)
     assert victims == ["young4", "young2", "mid1"]
     await settle()
-    assert sorted(r.episode.episode_id for r in d.results) == sorted(victims)
-    assert all(r.cancelled and r.tokens == 0 for r in d.results)
+    assert sorted(r.episode.episode_id for r in results) == sorted(victims)
+    assert all(r.cancelled and r.tokens == 0 for r in results)
     d.shed(10)
     await d.drain()
 
@@ -143,15 +145,57 @@ async def test_close_stops_waiting_submitters_and_running_episodes() -> None:
         await asyncio.Event().wait()
         return None, 0
 
-    d = Dispatcher(run, cap=1, group_size=1)
+    results: list[EpisodeResult] = []
+    d = Dispatcher(run, cap=1, group_size=1, on_complete=results.append)
     await d.submit(Episode("a", "g"))
     waiting = asyncio.create_task(d.submit(Episode("b", "g")))
     await settle()
     await d.close()
-    assert d.inflight == 0 and [r.cancelled for r in d.results] == [True]
+    assert d.inflight == 0 and [r.cancelled for r in results] == [True]
     try:
         await asyncio.wait_for(waiting, 1)
     except DispatcherClosed:
         pass
     else:
         raise AssertionError("a waiting submit was admitted after close")
+
+
+async def test_a_spent_window_waits_exactly_until_it_slides(monkeypatch) -> None:
+    from tracerl.control import dispatcher as module
+
+    waits: list[float | None] = []
+    real_timeout = asyncio.timeout
+
+    def timeout(delay: float | None):  # type: ignore[no-untyped-def]
+        waits.append(delay)
+        return real_timeout(delay)
+
+    monkeypatch.setattr(module.asyncio, "timeout", timeout)
+
+    async def run(ep: Episode) -> tuple[None, int]:
+        await asyncio.Event().wait()
+        return None, 0
+
+    clock = Clock()
+    d = Dispatcher(run, cap=40, group_size=4, clock=clock)  # budget 10 per window
+    for i in range(10):
+        await d.submit(Episode(f"a{i}", "g"))
+    clock.t = 0.25
+    blocked = asyncio.create_task(d.submit(Episode("a10", "g")))
+    await settle()
+    assert not blocked.done()
+    # no polling: it sleeps until the oldest admission leaves the window, 0.75 s from now
+    assert waits and all(w == BURST_WINDOW_S - 0.25 for w in waits)
+    clock.t = BURST_WINDOW_S
+    d.set_limit(d.cap)  # (the timer's wake-up, without waiting for it)
+    await asyncio.wait_for(blocked, 30)
+    at_cap = asyncio.create_task(d.submit(Episode("b", "g")))
+    d.set_limit(d.inflight)
+    waits.clear()
+    await settle()
+    assert not at_cap.done() and waits == [None]  # at the cap only a completion can help
+    d.shed(20)
+    d.set_limit(40)
+    await asyncio.wait_for(at_cap, 30)
+    d.shed(20)
+    await d.drain()
