@@ -119,8 +119,9 @@ class TrainerConfig(Config):
     std_normalize: bool = True
     """grpo: divide by the group's reward standard deviation."""
     filter_uniform_groups: bool = False
-    """Group baselines: true drops groups whose rewards are all equal (advantage 0) before a
-    step, so a step waits for groups with signal and its loss is normalised over them alone;
+    """Group baselines: true has the loop drop groups whose rewards are all equal (advantage 0)
+    as they complete, so a step waits for groups with signal and its loss is normalised over
+    them alone (the trainer itself trains on whatever samples it is given);
     false (the default) trains every step on the next complete groups, as TRL does: samples
     with advantage 0 count in the loss denominator but are never forwarded (their gradient is
     exactly 0 without a KL loss), and a step with no signal still steps the optimizer, whose

@@ -14,9 +14,10 @@ beta * KL) -> GAE -> critic updates -> actor updates (PPO-clip with TIS against 
 log-probs). During `critic_warmup_steps` it stops after the critic: no actor forward, update or
 schedule step, and KL-in-reward uses the rollout log-probs. A group-baseline step takes
 `group_advantages` for every action token of a trajectory and updates the actor (optionally
-with the KL loss); uniform-reward groups are counted, and either dropped
-(`filter_uniform_groups`) or kept: a sample whose advantage is 0 (without a KL loss) counts in
-the loss denominators but is never forwarded, since its gradient is exactly zero, and a batch
+with the KL loss). It trains on every sample it is given: dropping uniform-reward groups
+(`filter_uniform_groups`) is the loop's, before a step, so that the step can wait for signal.
+Uniform groups it is given are counted; a sample whose advantage is 0 (without a KL loss) counts
+in the loss denominators but is never forwarded, since its gradient is exactly zero, and a batch
 with no signal still steps the optimizer (AdamW's momentum), as training on it would. Phases
 go through `MemoryPhases`, which on CUDA moves the models not in use to the host.
 
@@ -275,11 +276,7 @@ class Trainer:
         )
         lengths = torch.tensor(batch.lengths, device=self.device)
         advantages = torch.repeat_interleave(per_sample.float(), lengths) * batch.loss_mask
-        if cfg.filter_uniform_groups:  # dropped: neither trained nor in the denominators
-            samples = [i for i in range(batch.size) if not bool(uniform[i])]
-        else:  # kept: the step is the one over the whole batch
-            samples = list(range(batch.size))
-        metrics.set("groups/filtered_samples", float(batch.size - len(samples)))
+        samples = list(range(batch.size))
         # Without a KL loss, a sample whose advantage is 0 has exactly zero gradient: it stays
         # in the denominators (so the update equals training on it) but is never forwarded.
         per_sample_values = per_sample.tolist()
@@ -288,14 +285,7 @@ class Trainer:
         )
         computed = [i for i in samples if i not in zero_grad]
         metrics.set("actor/zero_grad_samples", float(len(zero_grad)))
-        if not samples:  # everything filtered: no update, no schedule step
-            metrics.set("actor/updates", 0.0)
-            return samples
-        trained_mask = batch.loss_mask.clone()
-        dropped = sorted(set(range(batch.size)) - set(samples))
-        if dropped:
-            trained_mask[batch.token_index(dropped)] = 0
-        for key, value in token_stats(advantages, trained_mask).items():
+        for key, value in token_stats(advantages, batch.loss_mask).items():
             metrics.set(f"adv/{key}", value)
         mbs = self._mbs(batch, computed) if computed else []
         ref = self._reference_logprobs(batch, mbs, metrics)

@@ -151,23 +151,6 @@ def with_rewards(samples: list[TrainSample], rewards: list[float]) -> list[Train
     ]
 
 
-def test_filtered_uniform_groups_are_dropped_and_counted(make_trainer: MakeTrainer) -> None:
-    trainer = make_trainer(algorithm="grpo", filter_uniform_groups=True)
-    tokens = count_tokens(trainer.actor)
-    base = make_samples(3, count=6)  # groups 0, 1, 2 of two samples each
-    samples = with_rewards(base, [1.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # groups 0 and 2 are uniform
-    metrics = trainer.step(samples)
-    assert metrics["groups/uniform"] == 2 and metrics["groups/filtered_samples"] == 4
-    assert sum(tokens) == len(samples[2].token_ids) + len(samples[3].token_ids)
-    # every group uniform: no forward, no update, no schedule step
-    tokens.clear()
-    before = snapshot(trainer.actor)
-    metrics = trainer.step(with_rewards(base, [1.0] * 6))
-    assert metrics["actor/updates"] == 0 and metrics["groups/uniform"] == 3
-    assert tokens == [] and changed(trainer.actor, before) == set()
-    assert trainer.actor_scheduler.last_epoch == 1 and trainer.step_count == 2
-
-
 @pytest.mark.parametrize("mini_batches", [1, 2])
 def test_kept_uniform_groups_cost_no_compute_and_change_nothing(
     make_trainer: MakeTrainer, mini_batches: int
@@ -185,7 +168,6 @@ def test_kept_uniform_groups_cost_no_compute_and_change_nothing(
     tokens = count_tokens(skipping.actor)
     metrics = skipping.step(samples)
     assert metrics["groups/uniform"] == 2 and metrics["actor/zero_grad_samples"] == 4
-    assert metrics["groups/filtered_samples"] == 0
     assert metrics["perf/tokens"] == len(samples[2].token_ids) + len(samples[3].token_ids)
     # every forward saw only the informative group (mini-batches: plus the old-log-prob pass)
     assert sum(tokens) == (2 if mini_batches > 1 else 1) * int(metrics["perf/tokens"])
