@@ -35,7 +35,7 @@ from tracerl.bench.virtual_time import run_virtual
 from tracerl.config import ConcurrencyConfig, PoolConfig, SimEngineConfig
 from tracerl.control.collector import MetricsCollector
 from tracerl.control.controller import ConcurrencyController, Kind
-from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, EpisodeResult
+from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, Finished
 from tracerl.engine.sim import SimEngine
 from tracerl.engine.types import GenerateRequest, SamplingParams
 from tracerl.rollout.pool import EnginePool, Member
@@ -229,10 +229,10 @@ async def _run(workload: Workload, mode: str, seed: int) -> RunResult:
         return None, held
 
     controller: ConcurrencyController | None = None
-    done_train: list[EpisodeResult] = []
+    done_train: list[Finished] = []
     completed = asyncio.Event()
 
-    def on_complete(result: EpisodeResult) -> None:
+    def on_complete(result: Finished) -> None:
         if controller is not None:
             kind: Kind = "eval" if result.episode.kind == "eval" else "train"
             controller.on_episode_complete(
@@ -270,8 +270,10 @@ async def _run(workload: Workload, mode: str, seed: int) -> RunResult:
         while True:
             kind = "eval" if eval_backlog else "train"
             group = counter // w.group_size
+            if kind == "eval":  # a group of its own, even where a wave splits a train group
+                group = -1 - group
             try:
-                await dispatcher.submit(Episode(f"{kind}{counter}", f"{kind}{group}", kind=kind))
+                await dispatcher.submit(Episode(f"{kind}{counter}", group, kind=kind))
             except DispatcherClosed:
                 return
             if kind == "eval":

@@ -24,6 +24,8 @@ from typing import Any
 BURST_WINDOW_S = 1.0
 # Share of the cap that may be admitted net per window (at least a group).
 BURST_SHARE = 0.25
+# The shortest sleep of a submit waiting for the window to slide.
+MIN_WAIT_S = 1e-3
 
 
 class DispatcherClosed(RuntimeError):
@@ -32,17 +34,21 @@ class DispatcherClosed(RuntimeError):
 
 @dataclass
 class Episode:
-    """One rollout: `group` ties the samples of one prompt together; `kind` is train or eval."""
+    """One rollout: `group` ties the samples of one prompt together and is what shedding ranks
+    by age (the loop's: training groups count up from 0, eval groups down from -1); `kind` is
+    train or eval; `payload` is the runner's."""
 
     episode_id: str
-    group: str
+    group: int
     env: str = "default"
     kind: str = "train"
     payload: Any = None
 
 
 @dataclass
-class EpisodeResult:
+class Finished:
+    """An episode that ended: its runner's value and cost, its error, or its cancellation."""
+
     episode: Episode
     tokens: int
     duration_s: float
@@ -58,7 +64,7 @@ class Dispatcher:
         *,
         cap: int,
         group_size: int = 1,
-        on_complete: Callable[[EpisodeResult], None] | None = None,
+        on_complete: Callable[[Finished], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         never_shed: frozenset[str] = frozenset(),
     ) -> None:
@@ -108,8 +114,9 @@ class Dispatcher:
             if self.inflight < self.cap:
                 if self._burst_budget(now) >= 1:
                     break
-                # the window is spent: it changes when its oldest entry leaves it
-                slides_in = max(0.0, self._window[0][0] + BURST_WINDOW_S - now)
+                # the window is spent: it changes when its oldest entry leaves it (at least a
+                # millisecond on: a float-rounded zero would spin on a virtual clock)
+                slides_in = max(MIN_WAIT_S, self._window[0][0] + BURST_WINDOW_S - now)
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(slides_in):
@@ -124,12 +131,12 @@ class Dispatcher:
     def _finished(self, episode: Episode, started: float, task: asyncio.Future[Any]) -> None:
         duration = self.clock() - started
         if task.cancelled():
-            result = EpisodeResult(episode, 0, duration, cancelled=True)
+            result = Finished(episode, 0, duration, cancelled=True)
         elif task.exception() is not None:  # a failed episode: reported, never trained on
-            result = EpisodeResult(episode, 0, duration, error=task.exception())
+            result = Finished(episode, 0, duration, error=task.exception())
         else:
             value, tokens = task.result()
-            result = EpisodeResult(episode, tokens, duration, value)
+            result = Finished(episode, tokens, duration, value)
         self._running.pop(episode.episode_id, None)
         if not result.cancelled:
             self._window.append((self.clock(), -1))  # natural completions refund admission
@@ -143,7 +150,7 @@ class Dispatcher:
         return self._cancel(count, kind, self.never_shed)
 
     def _cancel(self, count: int, kind: str | None, spare: frozenset[str]) -> list[str]:
-        groups: dict[str, float] = {}
+        groups: dict[int, float] = {}
         for episode, started, _ in self._running.values():
             if (kind is None or episode.kind == kind) and episode.kind not in spare:
                 groups[episode.group] = min(groups.get(episode.group, started), started)

@@ -19,7 +19,7 @@ from tracerl.config.run import TrainCommandConfig
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode
 from tracerl.envs.dataset import TaskDataset
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s
-from tracerl.run.rollouts import Rollout
+from tracerl.run.rollouts import Play, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,10 @@ class Evals:
             for k in range(e.samples):
                 episode = Episode(
                     f"eval{step}-{index}-{k}",
-                    f"eval{step}-{index}",
+                    group,
                     env=self.env_name,
                     kind="eval",
-                    payload=(self.dataset[index], group, {**sampling, "seed": seed + k}),
+                    payload=Play(self.dataset[index], {**sampling, "seed": seed + k}),
                 )
                 try:
                     await self.dispatcher.submit(episode)

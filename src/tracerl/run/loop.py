@@ -49,12 +49,11 @@ from tracerl.config import ConfigError
 from tracerl.config.run import TrainCommandConfig
 from tracerl.control.collector import MetricsCollector
 from tracerl.control.controller import ConcurrencyController, Kind
-from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode
-from tracerl.control.dispatcher import EpisodeResult as DispatchResult
+from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, Finished
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
-from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Rollout
+from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout
 from tracerl.trace.versions import oldest_trainable, staleness
 
 log = logging.getLogger(__name__)
@@ -209,14 +208,14 @@ class RLLoop:
     # ------------------------------------------------------------------ episodes
 
     async def _run_episode(self, episode: Episode) -> tuple[Rollout, int]:
-        task, group, sampling = episode.payload
-        rollout = await self.runner.run(task, group, episode.kind, sampling)
+        play: Play = episode.payload
+        rollout = await self.runner.run(play.task, episode.group, episode.kind, play.sampling)
         return rollout, rollout.held_tokens  # the episode's cost to the controller
 
-    def _on_complete(self, result: DispatchResult) -> None:
+    def _on_complete(self, result: Finished) -> None:
         ep = result.episode
         self._admitted.pop(ep.episode_id, None)
-        _, group, _ = ep.payload
+        group = ep.group
         kind: Kind = "eval" if ep.kind == "eval" else "train"
         self.controller.on_episode_complete(
             ep.env, kind, result.tokens, result.duration_s, asyncio.get_running_loop().time()
@@ -294,10 +293,10 @@ class RLLoop:
                 seed = c.loop.seed * 1_000_003 + group * 1_009 + k
                 episode = Episode(
                     f"g{group}-{k}",
-                    f"g{group}",
+                    group,
                     env=self.env.name,
                     kind="train",
-                    payload=(item.task, group, {"seed": seed}),
+                    payload=Play(item.task, {"seed": seed}),
                 )
                 try:
                     await self.dispatcher.submit(episode)

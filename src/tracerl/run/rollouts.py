@@ -75,6 +75,14 @@ def trace_samples(trace: SessionTrace, reward: float, group: int) -> tuple[list[
     return samples, oldest or 0
 
 
+@dataclass(frozen=True)
+class Play:
+    """What an episode plays: its task, with the sampling parameters of its requests."""
+
+    task: Task
+    sampling: dict[str, Any]
+
+
 class EpisodeRunner:
     def __init__(
         self,

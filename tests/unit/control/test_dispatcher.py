@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tracerl.control.dispatcher import BURST_WINDOW_S, Dispatcher, Episode, EpisodeResult
+from tracerl.control.dispatcher import BURST_WINDOW_S, Dispatcher, Episode, Finished
 
 
 class Clock:
@@ -27,9 +27,9 @@ async def test_admits_up_to_the_cap_which_can_change() -> None:
         await release.wait()
         return ep.episode_id, 10
 
-    results: list[EpisodeResult] = []
+    results: list[Finished] = []
     d = Dispatcher(run, cap=2, group_size=100, on_complete=results.append)
-    submits = [asyncio.create_task(d.submit(Episode(f"e{i}", f"g{i}"))) for i in range(4)]
+    submits = [asyncio.create_task(d.submit(Episode(f"e{i}", i))) for i in range(4)]
     await settle()
     assert d.inflight == 2 and sum(t.done() for t in submits) == 2
     d.set_limit(3)  # wakes the waiting submits at once: no polling interval involved
@@ -53,8 +53,8 @@ async def test_burst_window_meters_net_growth_and_refunds_only_completions() -> 
 
     d = Dispatcher(run, cap=40, group_size=4, clock=clock)  # budget max(4, 40 x 0.25) = 10
     for i in range(10):
-        await d.submit(Episode(f"a{i}", "g"))
-    blocked = asyncio.create_task(d.submit(Episode("a10", "g")))
+        await d.submit(Episode(f"a{i}", 0))
+    blocked = asyncio.create_task(d.submit(Episode("a10", 0)))
     await settle()
     assert not blocked.done()  # the window is spent
     d.set_limit(d.cap)  # a wake-up re-checks, as the window's periodic re-check would
@@ -76,13 +76,14 @@ async def test_shedding_takes_the_youngest_groups_first() -> None:
         await asyncio.Event().wait()
         return None, 0
 
-    results: list[EpisodeResult] = []
+    results: list[Finished] = []
     d = Dispatcher(run, cap=100, group_size=100, clock=clock, on_complete=results.append)
     # group "old" has one member started at t=0 and one at t=30: its age is its oldest member's
     starts = [("old", 0.0), ("mid", 10.0), ("young", 20.0), ("old", 30.0), ("young", 25.0)]
+    ids = {"old": 0, "mid": 1, "young": 2}
     for i, (group, t) in enumerate(starts):
         clock.t = t
-        await d.submit(Episode(f"{group}{i}", group))
+        await d.submit(Episode(f"{group}{i}", ids[group]))
     victims = d.shed(3)
     assert victims == ["young4", "young2", "mid1"]
     await settle()
@@ -98,9 +99,9 @@ async def test_shedding_can_spare_another_kind() -> None:
         return None, 0
 
     d = Dispatcher(run, cap=10, group_size=10)
-    await d.submit(Episode("t0", "train0"))
-    await d.submit(Episode("e0", "eval0", kind="eval"))  # the youngest, but not train
-    await d.submit(Episode("t1", "train0"))
+    await d.submit(Episode("t0", 0))
+    await d.submit(Episode("e0", -1, kind="eval"))  # the youngest, but not train
+    await d.submit(Episode("t1", 0))
     assert d.shed(5, kind="train") == ["t1", "t0"]
     await settle()
     assert d.inflight == 1 and d.inflight_by_kind() == {"eval": 1}
@@ -121,8 +122,8 @@ async def test_eval_episodes_survive_an_overload_cut() -> None:
     d = Dispatcher(run, cap=8, group_size=2, never_shed=frozenset({"eval"}), clock=clock)
     for i in range(4):
         clock.t += BURST_WINDOW_S  # the burst window never holds these back
-        await d.submit(Episode(f"t{i}", f"train{i // 2}"))
-        await d.submit(Episode(f"e{i}", f"eval{i // 2}", kind="eval"))  # younger than train
+        await d.submit(Episode(f"t{i}", i // 2))
+        await d.submit(Episode(f"e{i}", -1 - i // 2, kind="eval"))  # younger than train
     controller = ConcurrencyController(
         ConcurrencyConfig(initial_inflight=8),
         set_limit=d.set_limit,
@@ -145,10 +146,10 @@ async def test_close_stops_waiting_submitters_and_running_episodes() -> None:
         await asyncio.Event().wait()
         return None, 0
 
-    results: list[EpisodeResult] = []
+    results: list[Finished] = []
     d = Dispatcher(run, cap=1, group_size=1, on_complete=results.append)
-    await d.submit(Episode("a", "g"))
-    waiting = asyncio.create_task(d.submit(Episode("b", "g")))
+    await d.submit(Episode("a", 0))
+    waiting = asyncio.create_task(d.submit(Episode("b", 0)))
     await settle()
     await d.close()
     assert d.inflight == 0 and [r.cancelled for r in results] == [True]
@@ -179,9 +180,9 @@ async def test_a_spent_window_waits_exactly_until_it_slides(monkeypatch) -> None
     clock = Clock()
     d = Dispatcher(run, cap=40, group_size=4, clock=clock)  # budget 10 per window
     for i in range(10):
-        await d.submit(Episode(f"a{i}", "g"))
+        await d.submit(Episode(f"a{i}", 0))
     clock.t = 0.25
-    blocked = asyncio.create_task(d.submit(Episode("a10", "g")))
+    blocked = asyncio.create_task(d.submit(Episode("a10", 0)))
     await settle()
     assert not blocked.done()
     # no polling: it sleeps until the oldest admission leaves the window, 0.75 s from now
@@ -189,7 +190,7 @@ async def test_a_spent_window_waits_exactly_until_it_slides(monkeypatch) -> None
     clock.t = BURST_WINDOW_S
     d.set_limit(d.cap)  # (the timer's wake-up, without waiting for it)
     await asyncio.wait_for(blocked, 30)
-    at_cap = asyncio.create_task(d.submit(Episode("b", "g")))
+    at_cap = asyncio.create_task(d.submit(Episode("b", 0)))
     d.set_limit(d.inflight)
     waits.clear()
     await settle()
