@@ -43,7 +43,7 @@ import signal
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracerl.config import ConfigError
 from tracerl.config.run import TrainCommandConfig
@@ -55,6 +55,14 @@ from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout
 from tracerl.trace.versions import oldest_trainable, staleness
+
+if TYPE_CHECKING:  # torch and the servers load in _start, after the config is checked
+    from tracerl.envs import Environment
+    from tracerl.envs.dataset import TaskDataset
+    from tracerl.gateway.server import Gateway
+    from tracerl.gateway.store import SQLiteTraceStore
+    from tracerl.rollout.pool import EnginePool
+    from tracerl.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -92,28 +100,73 @@ class RLLoop:
 
     # ------------------------------------------------------------------ start-up
 
+    # Built by `_start`, in this order (each part needs the ones before it, and a running
+    # event loop): the trainer, the engines behind the pool, the store and the gateway, the
+    # episodes' side (environment, datasets, runner, group buffer), the dispatcher with the
+    # controller and the metrics collector, and the logs with the evals.
+    trainer: Trainer
+    engines: dict[str, Any]
+    pool: EnginePool
+    store: SQLiteTraceStore
+    gateway: Gateway
+    gateway_url: str
+    env: Environment
+    dataset: TaskDataset
+    eval_dataset: TaskDataset | None
+    runner: EpisodeRunner
+    buffer: GroupBuffer
+    dispatcher: Dispatcher
+    controller: ConcurrencyController
+    collector: MetricsCollector
+    metrics: MetricsLog
+    progress: Progress
+    evals: Evals
+
     async def _start(self) -> None:
-        from tracerl.engine.local import LocalEngine
-        from tracerl.engine.server import start_server
-        from tracerl.gateway.server import Gateway
-        from tracerl.gateway.store import SQLiteTraceStore
-        from tracerl.rollout.pool import EnginePool, Member
-        from tracerl.train.checkpoint import CheckpointError
         from tracerl.train.trainer import Trainer
 
+        self.trainer = await asyncio.to_thread(Trainer, self.config.trainer)
+        loop_state = await self._resume() if self.resume else {}
+        await self._start_engines()
+        await self._start_gateway()
+        self._start_episodes(loop_state)
+        await self._start_control(loop_state)
         c = self.config
-        self.trainer = await asyncio.to_thread(Trainer, c.trainer)
-        loop_state: dict[str, Any] = {}
-        checkpoints = self.run_dir / "checkpoints"
-        if self.resume:
-            try:
-                state = await asyncio.to_thread(self.trainer.load_checkpoint, checkpoints)
-            except CheckpointError as e:  # a different config, or a torn write: never partial
-                raise ConfigError(f"--resume: {e}") from None
-            loop_state = state if isinstance(state, dict) else {}
-            self.step = int(loop_state.get("step", self.trainer.step_count))
-            dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
-            log.info("resumed at step %d (%d later metric lines dropped)", self.step, dropped)
+        self.metrics = MetricsLog(self.run_dir, c.logging, c.model_dump(mode="json"))
+        self.closers.append(self.metrics.close)
+        self.progress = Progress(c.loop.steps, c.logging.progress)
+        self.evals = Evals(
+            c, self.env.name, self.eval_dataset, self.dispatcher, self.metrics, self.progress
+        )
+        print(
+            f"tracerl train: {c.trainer.algorithm} on {c.trainer.model}, env {self.env.name}, "
+            f"{c.loop.steps} steps of {c.orchestrator.batch_size} trajectories "
+            f"(groups of {c.orchestrator.group_size}), run dir {self.run_dir}, "
+            f"gateway {self.gateway_url}" + (f", resumed at step {self.step}" if self.step else ""),
+            flush=True,
+        )
+
+    async def _resume(self) -> dict[str, Any]:
+        """The trainer at its newest checkpoint; the loop's saved state."""
+        from tracerl.train.checkpoint import CheckpointError
+
+        try:
+            state = await asyncio.to_thread(
+                self.trainer.load_checkpoint, self.run_dir / "checkpoints"
+            )
+        except CheckpointError as e:  # a different config, or a torn write: never partial
+            raise ConfigError(f"--resume: {e}") from None
+        loop_state = state if isinstance(state, dict) else {}
+        self.step = int(loop_state.get("step", self.trainer.step_count))
+        dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
+        log.info("resumed at step %d (%d later metric lines dropped)", self.step, dropped)
+        return loop_state
+
+    async def _start_engines(self) -> None:
+        from tracerl.engine.local import LocalEngine
+        from tracerl.rollout.pool import EnginePool, Member
+
+        c = self.config
         self.engines = self._given_engines or {"local": LocalEngine(c.engine)}
         for engine in self.engines.values():
             await engine.start()
@@ -123,6 +176,13 @@ class RLLoop:
         self.pool = EnginePool([Member(n, e) for n, e in self.engines.items()], c.pool)
         await self.pool.start()
         self.closers.append(self.pool.close)
+
+    async def _start_gateway(self) -> None:
+        from tracerl.engine.server import start_server
+        from tracerl.gateway.server import Gateway
+        from tracerl.gateway.store import SQLiteTraceStore
+
+        c = self.config
         self.store = SQLiteTraceStore(self.run_dir / "traces.sqlite")
         self.closers.append(self.store.close)
         info = await self.pool.model_info()
@@ -140,6 +200,9 @@ class RLLoop:
         )
         self.closers.append(runner.cleanup)
         self.gateway_url = f"http://127.0.0.1:{port}"
+
+    def _start_episodes(self, loop_state: dict[str, Any]) -> None:
+        c = self.config
         self.env = make_environment(c.env)
         self.dataset = load_dataset(c.dataset, self.env.task_fields)
         if "dataset" in loop_state:
@@ -165,11 +228,13 @@ class RLLoop:
         )
         self.buffer.counters.update(loop_state.get("buffer", {}))
         self._group_counter = int(loop_state.get("groups", 0))
-        concurrency = c.orchestrator.concurrency
+
+    async def _start_control(self, loop_state: dict[str, Any]) -> None:
+        concurrency = self.config.orchestrator.concurrency
         self.dispatcher = Dispatcher(
             self._run_episode,
             cap=concurrency.initial_inflight or concurrency.min_inflight,
-            group_size=c.orchestrator.group_size,
+            group_size=self.config.orchestrator.group_size,
             on_complete=self._on_complete,
             never_shed=frozenset({"eval"}),  # an eval measures every task it was given
         )
@@ -191,19 +256,6 @@ class RLLoop:
         await self.collector.poll_once()  # capacity first: the bootstrap needs it
         self.collector.start()
         self.closers.append(self.collector.stop)
-        self.metrics = MetricsLog(self.run_dir, c.logging, c.model_dump(mode="json"))
-        self.closers.append(self.metrics.close)
-        self.progress = Progress(c.loop.steps, c.logging.progress)
-        self.evals = Evals(
-            c, self.env.name, self.eval_dataset, self.dispatcher, self.metrics, self.progress
-        )
-        print(
-            f"tracerl train: {c.trainer.algorithm} on {c.trainer.model}, env {self.env.name}, "
-            f"{c.loop.steps} steps of {c.orchestrator.batch_size} trajectories "
-            f"(groups of {c.orchestrator.group_size}), run dir {self.run_dir}, "
-            f"gateway {self.gateway_url}" + (f", resumed at step {self.step}" if self.step else ""),
-            flush=True,
-        )
 
     # ------------------------------------------------------------------ episodes
 
