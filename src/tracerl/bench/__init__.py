@@ -1,5 +1,8 @@
 """Benchmarks behind `tracerl bench NAME`: each prints one JSON line with measured ratios and
-`target_met`, measured side by side in one run (never timed assertions in tests)."""
+`target_met`, measured side by side in one run (never timed assertions in tests).
+
+Owns the performance targets and the harnesses that check them. Must not be imported by the
+framework's packages, nor import the CLI (`tracerl.eventloop` runs them)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ allowance (whole-run totals alongside), and for adaptive runs the cap at each st
 from which it stayed in its steady-state range. One JSON line per workload, then a summary line.
 Target, on every workload and start: throughput >= 95 % of the best fixed cap's, with no more
 preemptions than that cap, settled within 10 steps.
+
+One module of ~400 lines: the workloads, the fixed-cap and adaptive runs over them and the
+summary are one experiment; each part is read only with the others.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Configuration: pydantic models for every component, TOML loading and dotted overrides.
+"""Configuration. Owns the pydantic models for every component, TOML loading and dotted overrides.
 
-This package must never import torch: the CLI parses and validates configuration before any heavy
+Must not import torch: the CLI parses and validates configuration before any heavy
 import, so a typo fails in well under a second.
 """
 

@@ -1,2 +1,3 @@
-"""Adaptive rollout concurrency: a pure controller, the dispatcher that applies its cap, and the
-collector that feeds it engine metrics."""
+"""Adaptive rollout concurrency. Owns the controller (a pure state machine, no I/O), the
+dispatcher that applies its cap and sheds, and the collector that feeds it engine metrics. Must
+not own network clients inside the controller (the collector polls; the controller decides)."""

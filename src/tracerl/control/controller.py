@@ -48,6 +48,9 @@ is a slower engine, not an overloaded one.
   kappa then follows the cap it produced. A growth clears escalation: an overload after a
   deliberate raise is a fresh probe, not the same overload surviving a cut. The cap only falls
   through cuts (the feedforward never lowers it by itself: measured overload decides that).
+
+One module of ~450 lines: the controller is one pure state machine (states, estimates, the
+decisions that read them); split, each half would be read only with the other.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ run repeats exactly.
 
 Fault injection (crash, hang, slowdown, malformed replies, 5xx, out-of-vocabulary ids) makes it
 the test bed for the engine pool, the concurrency controller and the benchmarks.
+
+One module of ~480 lines: the simulated engine is one object (scheduler, KV accounting, timing,
+faults, metrics) that the pool, controller and loop tests drive as they would a real engine.
 """
 
 from __future__ import annotations

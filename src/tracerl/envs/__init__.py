@@ -2,7 +2,7 @@
 runner, and task datasets.
 
 An environment plays one episode of a task by talking to the model through a gateway session
-(OpenAI/Anthropic base URLs and a key) and returns a reward. It never touches tokens: the gateway
+(OpenAI/Anthropic base URLs and a key) and returns a reward. Must not touch tokens: the gateway
 records them. The loop calls `run_episode(env, task, session, timeout_s)`, which turns timeouts
 and crashes into failed records, and `score_trace` when the reward comes from the trace.
 """

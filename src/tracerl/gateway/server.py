@@ -7,6 +7,10 @@ normalised method and path (never by the body). Everything else never touches tr
 holds its `[DONE]` / `message_stop` until then, and ends with an error event and no end marker
 when the engine reply cannot be traced or recording fails. A client that disconnects mid-stream
 does not stop the generation: it is drained and recorded with `client_disconnected: true`.
+
+One module of ~540 lines: the HTTP surface (auth, sessions, classification, the traced
+generation and its streaming) shares one Gateway's state; the API shapes live in the dialect
+modules and the prompt planning in `session.py`.
 """
 
 from __future__ import annotations

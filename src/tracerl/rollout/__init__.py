@@ -1,2 +1,3 @@
-"""The engine pool: the layer between the gateway and the engines (routing with session affinity;
-health checks, retries, abort/resume and weight sync grow here)."""
+"""The engine pool: the layer between the gateway and the engines. Owns routing with session
+affinity, health checks, retries, abort and partial-rollout resume, engine restarts and the
+weight-sync fan-out. Must not know about rewards (or anything else of RL but weight versions)."""

@@ -15,6 +15,9 @@ or talks nonsense costs time, never a sample.
   paused in place and continued on them (`update_mode = "in_place"`: no KV recomputed), or
   waited for; every active engine loads the weights and must report the new version; one that
   fails is taken out and restarted rather than left serving old weights. Bounded by a timeout.
+
+One module of ~460 lines: routing, health checks, fail-over with resume, restarts and weight
+sync all read and change the same members' state on one event loop.
 """
 
 from __future__ import annotations

@@ -30,6 +30,10 @@ Checkpoints are written before a step's metrics line, so a logged step always ha
 `kill -9` loses at most the step in progress (a resumed run drops any later lines from
 `metrics.jsonl`), and never a committed trace. Ctrl-C (SIGINT/SIGTERM) stops admissions, cancels
 the episodes in flight, checkpoints the last finished step, and closes engines and the store.
+
+One module of ~590 lines: start-up, feeder, steps and shutdown share one state (events,
+counters, the group buffer, the parts built at start-up); the episodes' side is in
+`rollouts.py` and evals in `evals.py`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Training: the actor and the critic derived from it, batching by token budget, PPO and
 group-baseline steps, the LR schedule, memory phases, checkpoints and Hugging Face export.
-Never talks HTTP.
+Must not talk HTTP.
 
 What the RL loop uses (see `tracerl.train.trainer` for the walk-through):
 
