@@ -11,8 +11,6 @@ import sys
 import time
 import urllib.request
 
-import pytest
-
 CLI = [sys.executable, "-m", "tracerl.cli.main"]
 
 
@@ -76,16 +74,3 @@ def test_engine_command_serves_until_terminated(tmp_path) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
-
-
-@pytest.mark.e2e
-def test_serve_demo_answers_with_smollm2() -> None:
-    out = subprocess.run(
-        [*CLI, "serve", "--model", "smollm2-135m", "--port", "0", "--demo"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stderr
-    answer = next(line for line in out.stdout.splitlines() if line.startswith("answer"))
-    assert "Paris" in answer

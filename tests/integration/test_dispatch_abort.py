@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-
+from tests.waiting import wait_until
 from tracerl.config import SimEngineConfig
 from tracerl.control.dispatcher import Dispatcher, Episode
 from tracerl.engine.client import EngineClient
@@ -30,15 +28,10 @@ async def test_shed_episodes_abort_their_engine_requests() -> None:
     try:
         for i in range(6):
             await dispatcher.submit(Episode(f"e{i}", i // 2))
-        deadline = time.monotonic() + 10
-        while sim.stats().running < 6:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: sim.stats().running >= 6, "six requests running")
         shed = dispatcher.shed(4)
         assert len(shed) == 4
-        while sim.stats().running != 2:
-            assert time.monotonic() < deadline, sim.stats()
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: sim.stats().running == 2, "the shed requests aborted")
         assert sim.stats().finished_total.get("abort", 0) == 4
         assert dispatcher.inflight == 2
     finally:

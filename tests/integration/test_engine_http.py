@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.waiting import metric, wait_until
 from tracerl.engine.client import EngineClient
 from tracerl.engine.server import build_engine_app, start_server
 from tracerl.engine.types import GenerateRequest
@@ -30,22 +30,6 @@ async def served(make_engine) -> AsyncIterator[tuple[str, object]]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
-
-
-def metric(text: str, name: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    raise KeyError(name)
-
-
-async def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(0.01)
 
 
 async def test_generate_plain_and_streaming(served, http) -> None:

@@ -7,13 +7,13 @@ import asyncio
 import json
 import socket
 import struct
-import time
 from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.fakes import LOGPROB, Raw
+from tests.waiting import wait_until
 from tracerl.engine.client import EngineClient
 from tracerl.gateway.store import SQLiteTraceStore, StoreError
 
@@ -210,10 +210,7 @@ async def test_client_disconnect_mid_stream_still_records(make_engine, make_gate
         )
         await resp.content.readline()  # the stream has started
         resp.close()  # and the client goes away
-    deadline = time.monotonic() + 60
-    while await recorded(gw, session) == 0:
-        assert time.monotonic() < deadline, "the turn was never recorded"
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: recorded(gw, session), "the turn recorded", 60)
     (turn,) = (await gw.trace(session["session_id"]))["turns"]
     assert turn["client_disconnected"] is True
     assert len(turn["completion_ids"]) == len(turn["completion_logprobs"]) > 0
@@ -245,22 +242,19 @@ async def test_client_gone_before_the_headers_still_records(
         + payload
     )
     await writer.drain()
-    deadline = time.monotonic() + 30
-    while not fake.requests:  # the gateway is waiting for the engine's first chunk
-        assert time.monotonic() < deadline, "the request never reached the engine"
-        await asyncio.sleep(0.01)
+    # the gateway is waiting for the engine's first chunk
+    await wait_until(lambda: bool(fake.requests), "the request reached the engine")
     # a reset, not a half-close (after which a server may still answer): the connection is lost
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.close()
     # the gateway has lost the connection (its handler, still running, keeps the entry)
-    while any(c.transport is not None for c in gw.runner.server.connections):
-        assert time.monotonic() < deadline, "the gateway never saw the disconnect"
-        await asyncio.sleep(0.01)
+    await wait_until(
+        lambda: all(c.transport is None for c in gw.runner.server.connections),
+        "the gateway saw the disconnect",
+    )
     fake.hold.set()
-    while await recorded(gw, session) == 0:
-        assert time.monotonic() < deadline, "the turn was never recorded"
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: recorded(gw, session), "the turn recorded")
     (turn,) = (await gw.trace(session["session_id"]))["turns"]
     assert turn["client_disconnected"] is True
     assert len(turn["completion_ids"]) == len(turn["completion_logprobs"]) > 0

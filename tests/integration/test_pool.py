@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from tests.waiting import wait_until
 from tracerl.config import PoolConfig, SimEngineConfig, SimFaults
 from tracerl.engine.client import EngineClient, EngineHTTPError
 from tracerl.engine.server import build_engine_app, start_server
@@ -81,10 +81,8 @@ async def test_a_hung_engine_is_detected_and_its_work_moves(sims) -> None:
     )
     pool = EnginePool(members, config)
     await pool.start()
-    deadline = time.monotonic() + 60  # liveness only: how fast is `tracerl bench faults`' job
-    while pool.members[0].active:
-        assert time.monotonic() < deadline, "the hung engine was never taken out"
-        await asyncio.sleep(0.01)
+    # liveness only: how fast it happens is `tracerl bench faults`' job
+    await wait_until(lambda: not pool.members[0].active, "the hung engine taken out", 60)
     # taken out by its health checks, after exactly failure_threshold failures in a row
     assert pool.counters["deactivated"] == 1 and pool.members[1].active
     assert pool.members[0].failures >= config.failure_threshold
@@ -114,10 +112,7 @@ async def test_weight_sync_under_load_loses_and_duplicates_nothing(sims, tmp_pat
     assert [m.weight_version for m in pool.members] == [1, 1]
     waiting = EnginePool(await sims(2, time_scale=50.0), PoolConfig(update_mode="wait"))
     tasks = [asyncio.create_task(waiting.generate(req(f"v{i}", 50))) for i in range(4)]
-    deadline = time.monotonic() + 30
-    while sum(m.inflight for m in waiting.members) < 4:  # all four are generating
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: sum(m.inflight for m in waiting.members) >= 4, "four generating")
     await waiting.update_weights_from_disk(str(tmp_path), 2)
     assert all(t.done() for t in tasks)  # the sync waited for them
     assert {(await t).weight_version for t in tasks} == {0}
@@ -169,10 +164,7 @@ async def test_a_killed_launched_engine_loses_no_request_and_is_restarted() -> N
                 chunks[rid].append(chunk)
 
         tasks = [asyncio.create_task(run(rid)) for rid in chunks]
-        deadline = time.monotonic() + 30
-        while sum(len(c) for c in chunks.values()) < 30:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: sum(len(c) for c in chunks.values()) >= 30, "30 chunks")
         victim = pool.members[0].launcher
         assert isinstance(victim, ProcessLauncher) and victim.process is not None
         victim.process.kill()  # kill -9 in the middle of generations
@@ -183,9 +175,11 @@ async def test_a_killed_launched_engine_loses_no_request_and_is_restarted() -> N
             assert len(ids) == len(logprobs) == 80, rid
             assert got[-1].finish_reason == "length" and got[-1].completion_tokens == 80
         assert pool.counters["resumes"] + pool.counters["retries"] > 0
-        while pool.counters["restarts"] < 1 or not pool.members[0].active:
-            assert time.monotonic() < deadline + 60
-            await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: pool.counters["restarts"] >= 1 and pool.members[0].active,
+            "the crashed engine restarted",
+            90,
+        )
         out = await pool.generate(req("after-restart", 5))
         assert len(out.output_ids) == 5
     finally:

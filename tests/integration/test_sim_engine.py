@@ -6,13 +6,12 @@ import asyncio
 import os
 import re
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.waiting import metric, wait_until
 from tracerl.config import SimEngineConfig, SimFaults
 from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
 from tracerl.engine.server import build_engine_app, start_server
@@ -47,14 +46,6 @@ async def sim() -> AsyncIterator[Any]:
         await engine.close()
 
 
-def metric(text: str, name: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name:
-                return float(sample.value)
-    raise KeyError(name)
-
-
 async def test_generations_are_well_formed_and_deterministic(sim) -> None:
     _, client = await sim(seed=5)
     outs = await asyncio.gather(*(client.generate(req(f"r{i}", seed=i)) for i in range(8)))
@@ -85,10 +76,7 @@ async def test_max_new_tokens_and_abort(sim) -> None:
             chunks.append(chunk)
 
     task = asyncio.create_task(consume())
-    deadline = time.monotonic() + 10
-    while len(chunks) < 3:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.005)
+    await wait_until(lambda: len(chunks) >= 3, "three chunks streamed")
     assert await client.abort("long") == 1
     await task
     assert chunks[-1].finish_reason == "abort"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 import torch
 
 from tests.conftest import reference_logprobs
+from tests.waiting import wait_until
 from tracerl.engine.types import GenerateRequest, RequestError
 from tracerl.engine.weights import WeightLoadError
 
@@ -33,14 +33,6 @@ def forcing_weights(engine, favoured: list[int]) -> list[tuple[str, torch.Tensor
     params["lm_head.weight"][:, 0] = 0.0
     params["lm_head.weight"][favoured, 0] = 50.0
     return list(params.items())
-
-
-async def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(0.005)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import aiohttp
 import pytest
 import torch
 
+from tests.waiting import wait_until
 from tracerl.engine.forward import ModelRunner
 from tracerl.engine.server import build_engine_app, start_server
 from tracerl.engine.types import EngineError, GenerateRequest
@@ -52,10 +52,8 @@ async def test_failed_step_fails_running_requests_only(make_engine) -> None:
         GenerateRequest(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 3})
     )
     assert len(after.output_ids) == 3
-    deadline = time.monotonic() + 10  # stats are published at the end of the step
-    while engine.stats().running != 0:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.005)
+    # stats are published at the end of the step
+    await wait_until(lambda: engine.stats().running == 0, "the engine idle")
 
 
 async def test_failed_step_over_http_is_a_json_500_and_a_stream_without_done(make_engine) -> None:
