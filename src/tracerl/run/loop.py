@@ -346,6 +346,9 @@ class RLLoop:
             group = self._group_counter
             self._group_counter += 1
             for k in range(c.orchestrator.group_size):
+                if k and self.buffer.cancelled(group):  # shed while it was being submitted
+                    self.buffer.never_submitted(group, c.orchestrator.group_size - k)
+                    break  # its remaining members would run for nothing
                 seed = c.loop.seed * 1_000_003 + group * 1_009 + k
                 episode = Episode(
                     f"g{group}-{k}",

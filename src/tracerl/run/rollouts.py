@@ -226,6 +226,15 @@ class GroupBuffer:
             self._cancelled[group] = self.group_size - reported
         self._reported(group)
 
+    def cancelled(self, group: int) -> bool:
+        """Some member of `group` was cancelled: the group can never complete."""
+        return group in self._cancelled
+
+    def never_submitted(self, group: int, members: int) -> None:
+        """`members` of a cancelled group will never run (the feeder stopped submitting them)."""
+        for _ in range(members):
+            self._reported(group)
+
     def _reported(self, group: int) -> None:
         self._cancelled[group] -= 1
         if self._cancelled[group] <= 0:

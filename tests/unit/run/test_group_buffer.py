@@ -75,3 +75,13 @@ def test_a_cancelled_group_is_forgotten_once_every_member_has_reported() -> None
         buffer.cancel(group)
         buffer.add(rollout(group, 1.0))
     assert not buffer._cancelled and buffer.counters["groups_cancelled"] == 1001
+
+
+def test_members_never_submitted_release_a_cancelled_group() -> None:
+    buffer = GroupBuffer(4, filter_uniform=False)
+    buffer.open(3)
+    buffer.cancel(3)  # the first member shed while the feeder was submitting the second
+    assert buffer.cancelled(3)
+    buffer.add(rollout(3, 1.0))  # the second, submitted before the feeder noticed
+    buffer.never_submitted(3, 2)  # the feeder stops: the last two never run
+    assert not buffer.cancelled(3) and not buffer._cancelled and not buffer.pending
