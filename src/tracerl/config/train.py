@@ -24,8 +24,10 @@ DEFAULT_BUCKET_SPLIT_COST = 1 / 32
 class OptimizerConfig(Config):
     """AdamW, its learning-rate schedule and how often one batch is reused, for one model."""
 
-    lr: float = Field(default=1e-6, gt=0)
-    """Peak learning rate."""
+    lr: float = Field(default=5e-6, gt=0)
+    """Peak learning rate. The default is measured (`tracerl bench learn`'s hard task, GRPO,
+    15 minutes): 5e-6 reached 60 % held-out accuracy in ~6 minutes, 1e-6 in ~11, both ended at
+    65-72 %; 2e-5 ended lower (61 %)."""
     weight_decay: float = Field(default=0.0, ge=0)
     """AdamW decoupled weight decay."""
     beta1: float = Field(default=0.9, ge=0, lt=1)
@@ -56,8 +58,8 @@ class CriticOptimizerConfig(OptimizerConfig):
     """The critic's optimisation: the actor's fields, with a higher default rate."""
 
     lr: float = Field(default=5e-6, gt=0)
-    """Peak learning rate (higher than the actor's: the critic starts from a random head and
-    must catch up with the returns quickly)."""
+    """Peak learning rate (the actor's: what `tracerl bench learn`'s PPO runs used; the critic
+    starts from the actor's weights and a fresh value head)."""
 
 
 class TrainerConfig(Config):

@@ -36,7 +36,8 @@ def test_every_field_is_documented_and_defaults_are_sane() -> None:
     assert all(doc for *_, doc in rows), [r[0] for r in rows if not r[3]]
     config = TrainerConfig()
     assert config.gamma == 1.0 and config.algorithm == "ppo" and config.uses_critic
-    assert config.critic.lr > config.actor.lr
+    # the pair `tracerl bench learn`'s PPO runs used: the critic never slower than the actor
+    assert config.critic.lr >= config.actor.lr == 5e-6
     defaults = {path: default for path, _, default, _ in rows}
     assert defaults["critic.lr"] == repr(config.critic.lr)  # --help shows the real default
     assert not config.uses_reference
