@@ -24,8 +24,8 @@ from typing import Any
 BURST_WINDOW_S = 1.0
 # Share of the cap that may be admitted net per window (at least a group).
 BURST_SHARE = 0.25
-# The shortest sleep of a submit waiting for the window to slide.
-MIN_WAIT_S = 1e-3
+# How often a submit held by a spent burst window looks at it again.
+WINDOW_RECHECK_S = 0.05
 
 
 class DispatcherClosed(RuntimeError):
@@ -114,9 +114,11 @@ class Dispatcher:
             if self.inflight < self.cap:
                 if self._burst_budget(now) >= 1:
                     break
-                # the window is spent: it changes when its oldest entry leaves it (at least a
-                # millisecond on: a float-rounded zero would spin on a virtual clock)
-                slides_in = max(MIN_WAIT_S, self._window[0][0] + BURST_WINDOW_S - now)
+                # The window is spent: look again every WINDOW_RECHECK_S. (Waking exactly when
+                # its oldest entry leaves it was tried: it admits up to a recheck sooner, and on
+                # `tracerl bench concurrency` the heavy-tailed workload started high then took
+                # 11 steps to settle, against a target of 10, with 133 preemptions for 51.)
+                slides_in = WINDOW_RECHECK_S
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(slides_in):

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from tracerl.control.dispatcher import BURST_WINDOW_S, Dispatcher, Episode, Finished
+from tracerl.control.dispatcher import (
+    BURST_WINDOW_S,
+    WINDOW_RECHECK_S,
+    Dispatcher,
+    Episode,
+    Finished,
+)
 
 
 class Clock:
@@ -161,7 +167,7 @@ async def test_close_stops_waiting_submitters_and_running_episodes() -> None:
         raise AssertionError("a waiting submit was admitted after close")
 
 
-async def test_a_spent_window_waits_exactly_until_it_slides(monkeypatch) -> None:
+async def test_a_spent_window_is_rechecked_and_a_full_cap_waits_for_a_change(monkeypatch) -> None:
     from tracerl.control import dispatcher as module
 
     waits: list[float | None] = []
@@ -185,8 +191,8 @@ async def test_a_spent_window_waits_exactly_until_it_slides(monkeypatch) -> None
     blocked = asyncio.create_task(d.submit(Episode("a10", 0)))
     await settle()
     assert not blocked.done()
-    # no polling: it sleeps until the oldest admission leaves the window, 0.75 s from now
-    assert waits and all(w == BURST_WINDOW_S - 0.25 for w in waits)
+    # the window is looked at again on a short timer; at the cap there is no timer at all
+    assert waits and all(w == WINDOW_RECHECK_S for w in waits)
     clock.t = BURST_WINDOW_S
     d.set_limit(d.cap)  # (the timer's wake-up, without waiting for it)
     await asyncio.wait_for(blocked, 30)
