@@ -119,6 +119,7 @@ class RLLoop:
     eval_dataset: TaskDataset | None
     runner: EpisodeRunner
     buffer: GroupBuffer
+    _group_counter: int  # groups submitted so far (saved in checkpoints)
     dispatcher: Dispatcher
     controller: ConcurrencyController
     collector: MetricsCollector
