@@ -110,7 +110,7 @@ class Dispatcher:
             if self._closed:
                 raise DispatcherClosed("the dispatcher is closed")
             now = self.clock()
-            slides_in: float | None = None  # at the cap: only a completion or a new cap helps
+            recheck_s: float | None = None  # at the cap: only a completion or a new cap helps
             if self.inflight < self.cap:
                 if self._burst_budget(now) >= 1:
                     break
@@ -118,10 +118,10 @@ class Dispatcher:
                 # its oldest entry leaves it was tried: it admits up to a recheck sooner, and on
                 # `tracerl bench concurrency` the heavy-tailed workload started high then took
                 # 11 steps to settle, against a target of 10, with 133 preemptions for 51.)
-                slides_in = WINDOW_RECHECK_S
+                recheck_s = WINDOW_RECHECK_S
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(slides_in):
+                async with asyncio.timeout(recheck_s):
                     await self._changed.wait()
         self._window.append((now, 1))
         task = asyncio.ensure_future(self.run(episode))

@@ -232,11 +232,10 @@ class GroupBuffer:
 
     def never_submitted(self, group: int, members: int) -> None:
         """`members` of a cancelled group will never run (the feeder stopped submitting them)."""
-        for _ in range(members):
-            self._reported(group)
+        self._reported(group, members)
 
-    def _reported(self, group: int) -> None:
-        self._cancelled[group] -= 1
+    def _reported(self, group: int, members: int = 1) -> None:
+        self._cancelled[group] -= members
         if self._cancelled[group] <= 0:
             del self._cancelled[group]
 
