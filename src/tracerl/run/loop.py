@@ -381,7 +381,9 @@ class RLLoop:
 
     # ------------------------------------------------------------------ steps
 
-    async def _step(self) -> dict[str, Any]:
+    async def _step(self) -> dict[str, Any] | None:
+        """One training step's record, or None where the run stopped while the step waited
+        for rollouts (then nothing was taken from the buffer)."""
         c = self.config
         step = self.step + 1
         min_version = oldest_trainable(step, c.loop.max_off_policy_steps)
@@ -392,7 +394,7 @@ class RLLoop:
         while self.buffer.fresh_ready(min_version) < self.groups_per_step:
             self._ready.clear()
             if self._stop.is_set():
-                raise asyncio.CancelledError
+                return None
             uniform = self.buffer.counters["groups_uniform"] - uniform_before
             if not warned and uniform >= UNIFORM_WARNING_STEPS * self.groups_per_step:
                 warned = True
@@ -530,6 +532,8 @@ class RLLoop:
                             break
                         await step_task  # a step being trained finishes, and is kept
                     record = step_task.result()
+                    if record is None:  # stopped while waiting for rollouts
+                        break
                     now = time.monotonic()
                     record["rollout/tokens_per_s"] = (self._tokens - last_tokens) / (now - last_at)
                     record["time/step_s"] = now - last_at
