@@ -11,7 +11,9 @@ pool, and floored by what the engines measure per running request: completion-ba
 the fast episodes first and would undershoot after a raise.
 
 Without a configured start, the cap bootstraps once from `C / max_model_len` (every episode at
-worst case). The first `frozen_steps` step boundaries pin it (only HARD cuts act), and at the end
+worst case); engines that report no KV capacity start it at UNKNOWN_CAPACITY_START, and growth
+then steps by GROWTH_SLEW alone (cuts still follow measured overload). The first
+`frozen_steps` step boundaries pin it (only HARD cuts act), and at the end
 of the freeze kappa is initialised by continuity so the feedforward starts at the current cap.
 
 Each engine poll is classified over decode engines only, paused ones left out (a weight sync
@@ -110,6 +112,9 @@ GROWTH_SLEW = 0.25
 REEVAL_TURNOVER = 0.2
 # A CLEAR poll older than this no longer licenses growth (metrics stalled: do not grow blind).
 GROWTH_GATE_S = 15.0
+# The first cap when the engines report no KV capacity (an SGLang or vLLM build without the
+# metric): a moderate start that growth raises and HARD cuts lower, never a cap pinned at 1.
+UNKNOWN_CAPACITY_START = 16
 # Episodes of history in the cost EWMA: long enough to be stable, short enough to follow drift.
 COST_HORIZON_EPISODES = 512
 # kappa stays within these bounds: a cap of one on a huge pool is ~1e-4; above 16 it is fiction.
@@ -234,10 +239,16 @@ class ConcurrencyController:
             )  # fmt: skip
         if s.cap is None and not s.bootstrapped:
             s.bootstrapped = True
-            self._apply(
-                max(1, s.capacity // max(1, s.max_model_len)),
-                f"bootstrap: {s.capacity} KV tokens / max model length {s.max_model_len}",
-            )
+            if s.capacity:
+                self._apply(
+                    max(1, s.capacity // max(1, s.max_model_len)),
+                    f"bootstrap: {s.capacity} KV tokens / max model length {s.max_model_len}",
+                )
+            else:  # no capacity metric: probe from a moderate start instead of pinning 1
+                self._apply(
+                    UNKNOWN_CAPACITY_START,
+                    "bootstrap: the engines report no KV capacity; growth probes from here",
+                )
         signal = self._classify(decode)
         if signal != s.last_signal:
             log.info(
@@ -360,7 +371,15 @@ class ConcurrencyController:
         s = self.state
         assert s.cap is not None
         cost = self.expected_cost()
-        if not (cost and s.capacity):
+        if not s.capacity:  # no KV capacity to budget against: grow by the slew, cut on HARD
+            self._apply(
+                s.cap + max(1, math.floor(GROWTH_SLEW * s.cap)),
+                "growth: clear with the cap binding (engines report no KV capacity)",
+            )
+            s.growths += 1
+            s.escalate = False
+            return
+        if not cost:
             return
         # The engines were clear with the cap binding: whatever the cost estimate did since the
         # last re-evaluation, the over-commit factor is at least the one the current cap implies.

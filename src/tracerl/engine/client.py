@@ -30,6 +30,15 @@ class EngineReplyError(RuntimeError):
 _FINISH_TYPES = ("stop", "length", "abort")
 
 
+def version_label(label: Any) -> int:
+    """An engine's weight-version label as tracerl's integer version. vLLM and SGLang label
+    weights with strings, "default" until the first update: the base weights, version 0."""
+    try:
+        return int(label)
+    except (TypeError, ValueError):
+        return 0
+
+
 def output_from_wire(payload: Any) -> GenerateOutput:
     """Validate one `/generate` reply or stream chunk; `EngineReplyError` if malformed."""
     if not isinstance(payload, dict):
@@ -52,21 +61,47 @@ def output_from_wire(payload: Any) -> GenerateOutput:
         not isinstance(finish, dict) or finish.get("type") not in _FINISH_TYPES
     ):
         raise EngineReplyError(f"unknown finish_reason {finish!r}")
+    spans = [version_label(s.get("version")) for s in meta.get("weight_versions") or ()]
+    version = version_label(meta.get("weight_version", 0))
+    oldest = meta.get("weight_version_min")
+    if spans and min(spans) != version:  # SGLang and vLLM label every token's weights
+        oldest = min(spans)
     return GenerateOutput(
         rid=str(meta.get("id", "")),
         output_ids=ids,
         output_logprobs=logprobs,
         prompt_tokens=int(meta.get("prompt_tokens", 0)),
         completion_tokens=int(meta.get("completion_tokens", 0)),
-        weight_version=int(meta.get("weight_version", 0)),
+        weight_version=version,
         finish_reason=finish["type"] if finish else None,
         text=str(payload.get("text", "")),
         matched_stop=finish.get("matched") if finish else None,
-        weight_version_min=meta.get("weight_version_min"),
+        weight_version_min=oldest,
     )
 
 
-def _json_or_text(raw: bytes) -> Any:
+async def sse_events(resp: aiohttp.ClientResponse) -> AsyncGenerator[Any, None]:
+    """The JSON payloads of a server-sent event stream up to its `data: [DONE]`. An error
+    event (`{"error": ...}`, as vLLM and SGLang send mid-stream) is an `EngineHTTPError` 500;
+    a stream that ends without `[DONE]` or carries a non-JSON event is an `EngineReplyError`."""
+    async for raw in resp.content:
+        line = raw.decode().strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            payload = json.loads(data)
+        except json.JSONDecodeError:
+            raise EngineReplyError(f"stream event is not JSON: {data[:100]}") from None
+        if isinstance(payload, dict) and "error" in payload:
+            raise EngineHTTPError(500, payload)
+        yield payload
+    raise EngineReplyError("stream ended without [DONE]")
+
+
+def json_or_text(raw: bytes) -> Any:
     """A reply body as JSON, or as text when it is not JSON (an empty body is "")."""
     try:
         return orjson.loads(raw)
@@ -74,15 +109,27 @@ def _json_or_text(raw: bytes) -> Any:
         return raw.decode(errors="replace")
 
 
+def engine_http_session(read_timeout_s: float) -> aiohttp.ClientSession:
+    """An HTTP session for talking to one engine: `read_timeout_s` bounds the wait for each
+    piece of a reply (a stream's next chunk), never the whole of it, so a long generation is
+    not cut; no connection limit (aiohttp's default is 100), so the engine, not tracerl, owns
+    the queueing of requests beyond what it runs."""
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=read_timeout_s),
+        connector=aiohttp.TCPConnector(limit=0),
+    )
+
+
 class EngineClient:
     def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+        """`timeout_s`: the longest wait for any one reply chunk (not the whole reply)."""
         self.base_url = base_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            self._session = engine_http_session(self.timeout_s)
         return self._session
 
     async def close(self) -> None:
@@ -95,7 +142,7 @@ class EngineClient:
         async with http.request(
             method, self.base_url + path, data=data, headers=_JSON_HEADERS
         ) as resp:
-            payload = _json_or_text(await resp.read())
+            payload = json_or_text(await resp.read())
             if resp.status >= 300:
                 raise EngineHTTPError(resp.status, payload)
             return payload
@@ -118,25 +165,12 @@ class EngineClient:
         wire = orjson.dumps(self._wire(request, True))
         async with http.post(self.base_url + "/generate", data=wire, headers=_JSON_HEADERS) as resp:
             if resp.status >= 300:
-                raise EngineHTTPError(resp.status, _json_or_text(await resp.read()))
+                raise EngineHTTPError(resp.status, json_or_text(await resp.read()))
             if resp.content_type != "text/event-stream":  # a whole reply instead of a stream
-                yield output_from_wire(_json_or_text(await resp.read()))
+                yield output_from_wire(json_or_text(await resp.read()))
                 return
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    return
-                try:
-                    payload = json.loads(data)
-                except json.JSONDecodeError:
-                    raise EngineReplyError(f"stream event is not JSON: {data[:100]}") from None
-                if isinstance(payload, dict) and "error" in payload:
-                    raise EngineHTTPError(500, payload)
+            async for payload in sse_events(resp):
                 yield output_from_wire(payload)
-        raise EngineReplyError("stream ended without [DONE]")
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
         body = {"abort_all": True} if abort_all else {"rid": rid}

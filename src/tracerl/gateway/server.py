@@ -325,7 +325,7 @@ class Gateway:
             self.tokenizer,
             prompt.ids,
             parsed.spec,
-            f"{sid or 'eval'}-{turn.rid}",
+            engine_rid(sid, turn.rid),
             self.eos_ids,
             stream=parsed.stream,
         )
@@ -492,6 +492,14 @@ class Gateway:
                 c.raw,
             )
         self.counters["turns_recorded"] += 1
+
+
+def engine_rid(sid: str | None, response_id: str) -> str:
+    """The engine request id, `SESSION-RESPONSE`: the pool keeps a session on one engine by its
+    first part (`affinity_key`). An untraced request is a session of its own, so untraced
+    traffic spreads over the engines instead of all sharing one key."""
+    session = sid or "untraced_" + response_id.replace("-", "_")
+    return f"{session}-{response_id}"
 
 
 @dataclass(frozen=True)

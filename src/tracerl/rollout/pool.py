@@ -28,7 +28,7 @@ import hashlib
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,12 +84,24 @@ class _Progress:
 _RETRYABLE = (aiohttp.ClientError, TimeoutError, EngineReplyError, ConnectionError, EngineError)
 
 
+ClientFactory = Callable[[str], Engine]
+"""The client for an engine server at a URL (`EngineClient`, or a backend's adapter)."""
+
+
 class EnginePool:
-    def __init__(self, members: list[Member], config: PoolConfig | None = None) -> None:
+    def __init__(
+        self,
+        members: list[Member],
+        config: PoolConfig | None = None,
+        client: ClientFactory | None = None,
+    ) -> None:
+        """`client`: how a restarted launched engine is reached (default `EngineClient`)."""
         if not members:
             raise ValueError("an engine pool needs at least one engine")
         self.members = members
         self.config = config or PoolConfig()
+        self.client = client or (lambda url: EngineClient(url, self.config.request_timeout_s))
+        self._paused = False  # paused by this pool: health polls wait for the resume
         self.counters: Counter[str] = Counter()
         self.weight_version = 0
         self.weights_path: str | None = None
@@ -108,16 +120,25 @@ class EnginePool:
         launchers: Sequence[EngineLauncher],
         externals: Sequence[str] = (),
         config: PoolConfig | None = None,
+        client: ClientFactory | None = None,
     ) -> EnginePool:
-        """A pool of launched engines (started now) plus engines others run (by URL)."""
-        urls = await asyncio.gather(*(launcher.start() for launcher in launchers))
+        """A pool of launched engines (started now) plus engines others run (by URL). If one
+        fails to start, the others are stopped and the error is raised."""
         timeout = (config or PoolConfig()).request_timeout_s
+        make = client or (lambda url: EngineClient(url, timeout))
+        started = await asyncio.gather(
+            *(launcher.start() for launcher in launchers), return_exceptions=True
+        )
+        failed = [r for r in started if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(launcher.stop() for launcher in launchers))
+            raise failed[0]
         members = [
-            Member(f"launched-{i}", EngineClient(url, timeout), launcher)
-            for i, (url, launcher) in enumerate(zip(urls, launchers, strict=True))
+            Member(f"launched-{i}", make(str(url)), launcher)
+            for i, (url, launcher) in enumerate(zip(started, launchers, strict=True))
         ]
-        members += [Member(url, EngineClient(url, timeout)) for url in externals]
-        return cls(members, config)
+        members += [Member(url, make(url)) for url in externals]
+        return cls(members, config, make)
 
     async def start(self) -> None:
         if self._health_task is None:
@@ -134,6 +155,10 @@ class EnginePool:
                 await m.launcher.stop()
             if isinstance(m.engine, EngineClient):
                 await m.engine.close()
+
+    def engines(self) -> dict[str, Engine]:
+        """The engines in rotation now, by member name (a restarted engine's new client)."""
+        return {m.name: m.engine for m in self.members if m.active}
 
     # ------------------------------------------------------------------ routing
 
@@ -226,11 +251,16 @@ class EnginePool:
                         progress.logprobs += chunk.output_logprobs
                         if chunk.output_ids:
                             progress.newest = chunk.weight_version
-                            if progress.oldest is None or chunk.weight_version < progress.oldest:
-                                progress.oldest = chunk.weight_version
+                            oldest = chunk.weight_version
+                            if chunk.weight_version_min is not None:  # the engine's own word
+                                oldest = min(oldest, chunk.weight_version_min)
+                            if progress.oldest is None or oldest < progress.oldest:
+                                progress.oldest = oldest
                         finish = chunk.finish_reason
-                        if finish == "abort":
-                            break  # resumed below; not the caller's business
+                        if finish == "abort":  # resumed below; the abort is not the caller's
+                            if not chunk.output_ids:
+                                break
+                            chunk.finish_reason = None  # its tokens are: passed on as sampled
                         chunk.rid = request.rid
                         chunk.prompt_tokens = len(request.input_ids)
                         chunk.completion_tokens = len(progress.ids)
@@ -239,6 +269,7 @@ class EnginePool:
                         yield chunk
                         if finish is not None:
                             break
+
             except EngineHTTPError as e:
                 if e.status < 500:
                     raise  # the request itself is wrong: another engine would say the same
@@ -298,6 +329,8 @@ class EnginePool:
         if member.restarting:
             return
         ok = member.launcher is None or member.launcher.alive()
+        if ok and self._paused:
+            return  # paused by this pool: a server may not answer until resumed (SGLang)
         if ok:
             try:
                 async with asyncio.timeout(self.config.health_timeout_s):
@@ -330,7 +363,7 @@ class EnginePool:
                     url = await member.launcher.start()
                     if isinstance(member.engine, EngineClient):
                         await member.engine.close()
-                    member.engine = EngineClient(url, self.config.request_timeout_s)
+                    member.engine = self.client(url)
                     if self.weights_path is not None:
                         await member.engine.update_weights_from_disk(
                             self.weights_path, self.weight_version
@@ -388,6 +421,7 @@ class EnginePool:
                 await asyncio.sleep(0.01)
         else:
             pause: PauseMode = "abort" if mode == "abort_resume" else "in_place"
+            self._paused = True
             await asyncio.gather(*(m.engine.pause(pause) for m in active), return_exceptions=True)
         results = await asyncio.gather(
             *(self._load(m, model_path, version, tensors) for m in active), return_exceptions=True
@@ -399,9 +433,18 @@ class EnginePool:
                 member.failures = self.config.failure_threshold - 1
                 self._mark(member, False, f"weight update to v{version} failed: {result}")
         if mode != "wait":
-            await asyncio.gather(
-                *(m.engine.resume() for m in active if m.active), return_exceptions=True
+            resumed = [m for m in active if m.active]
+            outcomes = await asyncio.gather(
+                *(m.engine.resume() for m in resumed), return_exceptions=True
             )
+            self._paused = False
+            for member, outcome in zip(resumed, outcomes, strict=True):
+                if isinstance(outcome, Exception):  # paused for good: its requests would hang
+                    self.counters["resume_failed"] += 1
+                    member.failures = self.config.failure_threshold - 1
+                    self._mark(
+                        member, False, f"resume after the v{version} update failed: {outcome!r}"
+                    )
 
     async def _load(
         self,
@@ -436,10 +479,14 @@ class EnginePool:
         return sum(c for c in counts if isinstance(c, int))
 
     async def pause(self, mode: PauseMode = "in_place") -> None:
+        self._paused = True
         await asyncio.gather(*(m.engine.pause(mode) for m in self.members if m.active))
 
     async def resume(self) -> None:
-        await asyncio.gather(*(m.engine.resume() for m in self.members if m.active))
+        try:
+            await asyncio.gather(*(m.engine.resume() for m in self.members if m.active))
+        finally:
+            self._paused = False
 
     async def health(self) -> bool:
         return any(m.active for m in self.members)

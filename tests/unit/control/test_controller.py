@@ -400,3 +400,16 @@ def test_a_weight_sync_pause_and_a_slower_engine_are_not_overload() -> None:
     for _ in range(c.QUEUE_PERSISTENCE_POLLS):  # real refusals still cut
         signal = h.poll(running=24, queued=40, usage=0.97)
     assert signal == "HARD" and h.cap is not None and h.cap < 64
+
+
+def test_engines_without_a_capacity_metric_do_not_pin_the_cap_to_one() -> None:
+    h = Harness(frozen_steps=0)
+    h.poll(capacity=0, usage=0.0)
+    assert h.cap == c.UNKNOWN_CAPACITY_START  # not max(1, 0 // max_len)
+    h.poll(capacity=0, usage=0.0)
+    h.turnover()
+    assert h.cap == 20  # grows by the slew alone: there is no token budget to compute
+    h.poll(capacity=0, usage=0.0, running=20, queued=10)
+    h.poll(capacity=0, usage=0.0, running=20, queued=10)
+    assert h.poll(capacity=0, usage=0.0, running=20, queued=10) == "HARD"
+    assert h.cap is not None and h.cap < 20  # measured overload still cuts
