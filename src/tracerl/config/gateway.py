@@ -8,6 +8,7 @@ from pydantic import Field
 
 from tracerl.config.base import Config
 from tracerl.config.engine import EngineConfig
+from tracerl.config.pool import PoolConfig
 
 
 class GatewayConfig(Config):
@@ -15,7 +16,8 @@ class GatewayConfig(Config):
     """Model whose tokenizer and chat template render requests (the engines' model)."""
 
     engine_urls: list[str] = Field(default_factory=list)
-    """Engines speaking the engine wire protocol; `tracerl serve` fills in its embedded one."""
+    """Running engines to attach to (`--engine-url`), of the kind `engine.backend` names; unset:
+    `tracerl gateway` launches `engine.count` engines of that backend."""
 
     host: str = "127.0.0.1"
     """Interface to bind; loopback by default so nothing is exposed by accident."""
@@ -38,18 +40,23 @@ class GatewayConfig(Config):
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     """Largest accepted request body; larger ones get 413."""
 
-    request_timeout_s: float = Field(default=600.0, gt=0)
-    """Longest an engine request may take before it fails (the engine is then unreachable)."""
-
 
 class GatewayCommandConfig(Config):
-    """`tracerl gateway`: the gateway in front of engines that run elsewhere."""
+    """`tracerl gateway`: the gateway in front of engines, through the engine pool (health
+    checks, fail-over with resume, restarts)."""
 
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    """Which backend the engines are (`backend`), and what launched ones serve; the model is
+    always `gateway.model`."""
+    pool: PoolConfig = Field(default_factory=PoolConfig)
 
 
 class ServeConfig(Config):
-    """`tracerl serve`: the embedded engine and the gateway in one process."""
+    """`tracerl serve`: an engine (embedded, or a server of `engine.backend`) and the gateway in
+    one command."""
 
     engine: EngineConfig = Field(default_factory=EngineConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    """Used when `engine.backend` is a server: the pool in front of it."""

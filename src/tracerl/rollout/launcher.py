@@ -1,21 +1,38 @@
 """Engines tracerl starts itself: a process it can start, stop and restart.
 
-`ProcessLauncher` runs any command that serves the engine wire protocol: either one that prints
-its `http://127.0.0.1:PORT` URL when ready (the embedded or simulated `tracerl engine`), or, given
-`url`, one started on a known port and ready when `GET url/health` answers 200 (an SGLang server,
-or vLLM behind the adapter), so the pool treats every kind of launched engine the same way.
+`ProcessLauncher` runs any command that serves an engine: either one that prints its
+`http://127.0.0.1:PORT` URL when ready (the embedded or simulated `tracerl engine` on port 0),
+or, given `url`, one started on a known port and ready when `GET url/health` answers 200 (a
+vLLM or SGLang server). Given `ready`, readiness also needs that check to pass (a real
+generation: a server that answers `/health` may still fail on its first request), so the pool
+treats every kind of launched engine the same way.
+
+The process runs in a session of its own and is stopped as a process group: vLLM and SGLang
+fork workers that would outlive their parent. Its output goes to `log_path` when given (the
+file named in every start-up error), else is read and discarded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
-from typing import Protocol
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import IO, Any, Protocol
 
 import aiohttp
 
 _URL = re.compile(rb"http://127\.0\.0\.1:\d+")
+
+STOP_GRACE_S = 20.0
+"""How long a stopped engine may take to exit after SIGTERM before its group is killed."""
+
+
+class EngineStartError(RuntimeError):
+    """A launched engine exited or never became ready; the message names its log file."""
 
 
 class EngineLauncher(Protocol):
@@ -30,72 +47,136 @@ class EngineLauncher(Protocol):
 
 class ProcessLauncher:
     def __init__(
-        self, argv: list[str], url: str | None = None, ready_timeout_s: float = 180.0
+        self,
+        argv: list[str],
+        url: str | None = None,
+        ready_timeout_s: float = 180.0,
+        *,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        ready: Callable[[str], Awaitable[bool]] | None = None,
+        name: str | None = None,
     ) -> None:
         self.argv = argv
         self.url = url
         self.ready_timeout_s = ready_timeout_s
+        self.env = env
+        self.log_path = log_path
+        self.ready = ready
+        self.name = name or Path(argv[0]).name
         self.process: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
+        self._log: IO[bytes] | None = None
 
     async def start(self) -> str:
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 (open while the process runs)
         self.process = await asyncio.create_subprocess_exec(
-            *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
+            *self.argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, **self.env} if self.env else None,
+            start_new_session=True,
         )
         assert self.process.stdout is not None
-        stdout = self.process.stdout
-
-        async def ready() -> str:
-            if self.url is not None:
-                return await self._health_ready(self.url)
-            while True:
-                line = await stdout.readline()
-                if not line:
-                    raise RuntimeError(f"engine exited before it was ready: {self.argv[:6]}")
-                match = _URL.search(line)
-                if match:
-                    return match.group(0).decode()
-
+        found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._drain = asyncio.create_task(self._read(self.process.stdout, found))
         try:
             async with asyncio.timeout(self.ready_timeout_s):
-                url = await ready()
+                url = await self._until_ready(found)
+        except TimeoutError:
+            await self.stop()
+            raise EngineStartError(
+                f"{self.name} did not become ready within {self.ready_timeout_s:.0f} s"
+                + self._log_hint()
+            ) from None
         except BaseException:
             await self.stop()
             raise
-        self._drain = asyncio.create_task(self._discard(stdout))  # keep the pipe from filling
         return url
+
+    async def _until_ready(self, found: asyncio.Future[str]) -> str:
+        if self.url is not None:
+            url = await self._health_ready(self.url)
+        else:
+            exited = asyncio.create_task(self._exited())
+            waiters: set[asyncio.Future[Any]] = {found, exited}
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                exited.cancel()
+            if not found.done():
+                raise EngineStartError(self._exit_message())
+            url = found.result()
+        while self.ready is not None and not await self.ready(url):
+            if not self.alive():
+                raise EngineStartError(self._exit_message())
+            await asyncio.sleep(0.5)
+        return url
+
+    async def _exited(self) -> None:
+        assert self.process is not None
+        await self.process.wait()
+        if self._drain is not None:  # its last words reach the log before the error names it
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({self._drain}, timeout=5)
+
+    def _exit_message(self) -> str:
+        code = self.process.returncode if self.process is not None else None
+        return f"{self.name} exited (code {code}) before it was ready" + self._log_hint()
+
+    def _log_hint(self) -> str:
+        if self.log_path is None:
+            return ""
+        with contextlib.suppress(OSError):
+            tail = self.log_path.read_bytes()[-2000:].decode(errors="replace").strip()
+            last = "\n".join(tail.splitlines()[-8:])
+            return f"; its log: {self.log_path}" + (f"; last lines:\n{last}" if last else "")
+        return f"; its log: {self.log_path}"
 
     async def _health_ready(self, url: str) -> str:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
             while True:
                 if not self.alive():
-                    raise RuntimeError(f"engine exited before it was ready: {self.argv[:6]}")
+                    await self._exited()
+                    raise EngineStartError(self._exit_message())
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with http.get(f"{url}/health") as resp:
                         if resp.status == 200:
                             return url
                 await asyncio.sleep(0.2)
 
-    @staticmethod
-    async def _discard(stream: asyncio.StreamReader) -> None:
-        while await stream.readline():
-            pass
+    async def _read(self, stream: asyncio.StreamReader, found: asyncio.Future[str]) -> None:
+        """Copy the output to the log (keeping the pipe from filling) and find the URL."""
+        while line := await stream.readline():
+            if self._log is not None:
+                self._log.write(line)
+                self._log.flush()
+            if not found.done() and (match := _URL.search(line)):
+                found.set_result(match.group(0).decode())
 
     async def stop(self) -> None:
         proc, self.process = self.process, None
-        if proc is not None and proc.returncode is None:
-            proc.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
+        if proc is not None:
+            if proc.returncode is None:
+                _signal_group(proc.pid, signal.SIGTERM)
+                try:
+                    async with asyncio.timeout(STOP_GRACE_S):
+                        await proc.wait()
+                except TimeoutError:
+                    pass
+            _signal_group(proc.pid, signal.SIGKILL)  # workers the leader left behind
+            if proc.returncode is None:
                 await proc.wait()
         if self._drain is not None:
             self._drain.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._drain
             self._drain = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None
@@ -103,3 +184,8 @@ class ProcessLauncher:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

@@ -167,11 +167,26 @@ class RLLoop:
         log.info("resumed at step %d (%d later metric lines dropped)", self.step, dropped)
         return loop_state
 
+    def _servers(self) -> bool:
+        """The engines are servers the pool launches or attaches to (vLLM, SGLang, ...)."""
+        engine = self.config.engine
+        return self._given_engines is None and (engine.backend != "local" or bool(engine.urls))
+
     async def _start_engines(self) -> None:
         from tracerl.engine.local import LocalEngine
         from tracerl.rollout.pool import EnginePool, Member
 
         c = self.config
+        if self._servers():
+            from tracerl.models import resolve_model
+            from tracerl.rollout.backends import backend_log_dir, start_pool
+
+            # a resumed run's engines start on its trained weights, a new run's on the base
+            base = await self._export_weights() if self.step else resolve_model(c.trainer.model)
+            logs = backend_log_dir(c.engine, self.run_dir / "logs")
+            self.pool = await start_pool(c.engine, base, logs, c.pool)
+            self.closers.append(self.pool.close)
+            return
         self.engines = self._given_engines or {"local": LocalEngine(c.engine)}
         for engine in self.engines.values():
             await engine.start()
@@ -251,7 +266,7 @@ class RLLoop:
             get_eval_share=self.dispatcher.eval_share,
         )
         self.collector = MetricsCollector(
-            self.engines,
+            self.pool.engines,
             self.controller.observe,
             interval_s=concurrency.poll_interval_s,
             timeout_s=concurrency.poll_timeout_s,
@@ -431,7 +446,10 @@ class RLLoop:
             await self._eval_or_stop()  # an eval in flight measures the weights it started on
             synced = time.monotonic()
             # still paused: the engines take the weights at once, not after their next step
-            await self.pool.update_weights(None, step, self.trainer.actor_named_tensors())
+            if self._servers():  # engines in other processes load the weights from disk
+                await self.pool.update_weights(str(await self._export_weights()), step)
+            else:
+                await self.pool.update_weights(None, step, self.trainer.actor_named_tensors())
             sync_s = time.monotonic() - synced
         finally:
             if pause:
@@ -462,10 +480,17 @@ class RLLoop:
         )
         return record
 
+    async def _export_weights(self) -> Path:
+        """The actor as a Hugging Face directory in the run directory (replaced atomically),
+        for engines in other processes to load."""
+        return await asyncio.to_thread(self.trainer.export, self.run_dir / "weights")
+
     def _shares_cpu(self) -> bool:
-        """The trainer and the engines compute on the same cores: embedded engines with a CPU
-        trainer (given engines, the benchmarks' simulated ones, do no compute here)."""
-        return self._given_engines is None and self.trainer.device.type == "cpu"
+        """The trainer and the engines compute on the same cores: engines this run starts
+        (embedded, or servers launched here) with a CPU trainer. Given engines (the
+        benchmarks' simulated ones) do no compute, and attached ones run elsewhere."""
+        attached = self._servers() and bool(self.config.engine.urls)
+        return self._given_engines is None and not attached and self.trainer.device.type == "cpu"
 
     def _pause_engines_while_training(self) -> bool:
         mode = self.config.loop.engines_while_training

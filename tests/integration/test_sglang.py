@@ -1,0 +1,247 @@
+"""The SGLang client against a fake that speaks SGLang's own routes, shapes and metric names
+(0.5.14 and later, launched with `--incremental-streaming-output --enable-metrics`): what the
+pool and the collector need from a real SGLang server, short of one (that runs on a GPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.waiting import wait_until
+from tracerl.config import EngineConfig, PoolConfig
+from tracerl.control.collector import MetricsCollector
+from tracerl.engine.server import start_server
+from tracerl.engine.sglang import SGLangClient
+from tracerl.engine.types import GenerateRequest
+from tracerl.rollout.backends import client_for
+from tracerl.rollout.pool import EnginePool, Member
+
+SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids",
+                 "ignore_eos", "sampling_seed"}  # fmt: skip
+
+
+@dataclass
+class FakeSGLang:
+    version: str = "0"
+    paused: bool = False
+    resumed: asyncio.Event = field(default_factory=asyncio.Event)
+    live: set[str] = field(default_factory=set)
+    aborted: set[str] = field(default_factory=set)
+    running: int = 0
+    generated: int = 0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.bodies.append(body)
+        params = body.get("sampling_params", {})
+        unknown = set(params) - SAMPLING_KEYS
+        if unknown:  # SGLang's API contract rejects unknown sampling keys
+            return web.json_response({"error": f"unknown keys {sorted(unknown)}"}, status=400)
+        rid, n = body["rid"], params.get("max_new_tokens", 128)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        self.running += 1
+        self.live.add(rid)
+        spans: list[dict[str, Any]] = []
+        try:
+            for k in range(n):
+                while self.paused:
+                    self.resumed.clear()
+                    await self.resumed.wait()
+                if rid in self.aborted:
+                    finish: dict[str, Any] = {"type": "abort", "message": "Aborted"}
+                    await self._send(resp, rid, [], finish, k, spans)
+                    break
+                token = 100 + (params.get("sampling_seed") or 0) + k
+                if spans and spans[-1]["version"] == self.version:
+                    spans[-1]["end"] = k + 1
+                else:
+                    spans.append({"version": self.version, "start": k, "end": k + 1})
+                last = k == n - 1
+                finish = {"type": "length", "length": n} if last else None
+                self.generated += 1
+                await self._send(resp, rid, [token], finish, k + 1, spans if last else None)
+                await asyncio.sleep(0.002)  # the fake's decode step
+        finally:
+            self.running -= 1
+            self.live.discard(rid)
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def _send(
+        self, resp: web.StreamResponse, rid: str, ids: list[int], finish: Any, done: int,
+        spans: list[dict[str, Any]] | None,
+    ) -> None:  # fmt: skip
+        meta: dict[str, Any] = {
+            "id": rid, "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": done,
+            "output_token_logprobs": [[-0.25, i, None] for i in ids],
+            "weight_version": self.version, "cached_tokens": 0,
+        }  # fmt: skip
+        if spans is not None:
+            meta["weight_versions"] = spans
+        event = {"text": "", "output_ids": ids, "meta_info": meta}
+        await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+
+    async def abort(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        prefix = "" if body.get("abort_all") else body["rid"]
+        self.aborted |= {r for r in self.live if r.startswith(prefix)}  # SGLang: by prefix
+        return web.Response(status=200)  # SGLang answers with an empty body
+
+    async def pause(self, request: web.Request) -> web.Response:
+        assert (await request.json())["mode"] in ("abort", "retract", "in_place")
+        self.paused = True
+        return web.json_response({})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        self.paused = False
+        self.resumed.set()
+        return web.json_response({})
+
+    async def update(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if not body["model_path"].startswith("/good"):
+            return web.json_response(
+                {"success": False, "message": "Failed to load weights", "num_paused_requests": 0},
+                status=400,
+            )
+        self.version = body["weight_version"]
+        return web.json_response({"success": True, "message": "ok", "num_paused_requests": 0})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"model_path": "m", "is_generation": True, "weight_version": self.version}
+        )
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"max_total_num_tokens": 50000, "context_length": None})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "max_model_len": 4096}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        labels = 'engine_type="unified",model_name="m",tp_rank="0",pp_rank="0"'
+        rows = [
+            ("sglang:num_running_reqs", "gauge", self.running),
+            ("sglang:num_queue_reqs", "gauge", 0),
+            ("sglang:token_usage", "gauge", 0.25),
+            ("sglang:max_total_num_tokens", "gauge", 50000),
+            ("sglang:num_retracted_requests_total", "counter", 0),
+            ("sglang:generation_tokens_total", "counter", self.generated),
+        ]
+        text = "".join(
+            f"# HELP {n} {n}\n# TYPE {n} {t}\n{n}{{{labels}}} {float(v)}\n" for n, t, v in rows
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        for path, handler in (("/generate", self.generate), ("/abort_request", self.abort),
+                              ("/pause_generation", self.pause),
+                              ("/continue_generation", self.resume),
+                              ("/update_weights_from_disk", self.update)):  # fmt: skip
+            app.router.add_post(path, handler)
+        for path, handler in (("/model_info", self.model_info), ("/server_info", self.server_info),
+                              ("/v1/models", self.models), ("/health", self.health),
+                              ("/health_generate", self.health),
+                              ("/metrics", self.metrics)):  # fmt: skip
+            app.router.add_get(path, handler)
+        return app
+
+
+@pytest.fixture
+async def sglang() -> AsyncIterator[tuple[list[FakeSGLang], EnginePool]]:
+    fakes = [FakeSGLang(), FakeSGLang()]
+    runners, members = [], []
+    config = EngineConfig(backend="sglang")
+    for i, fake in enumerate(fakes):
+        runner, port = await start_server(fake.app(), "127.0.0.1", 0)
+        runners.append(runner)
+        client = client_for(config, f"http://127.0.0.1:{port}", 30)
+        assert isinstance(client, SGLangClient)
+        members.append(Member(f"sglang{i}", client))
+    pool = EnginePool(members, PoolConfig(failure_threshold=2, health_interval_s=0.2))
+    await pool.start()
+    yield fakes, pool
+    await pool.close()
+    for runner in runners:
+        await runner.cleanup()
+
+
+def request(rid: str, n: int, seed: int | None = None) -> GenerateRequest:
+    return GenerateRequest(
+        rid=rid, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": n, "seed": seed}
+    )
+
+
+async def test_generation_speaks_sglangs_sampling_keys(sglang) -> None:
+    fakes, pool = sglang
+    out = await pool.generate(request("s1-r1", 4, seed=7))
+    assert out.output_ids == [107, 108, 109, 110] and out.output_logprobs == [-0.25] * 4
+    assert out.finish_reason == "length" and out.weight_version == 0
+    body = next(b for f in fakes for b in f.bodies)
+    assert body["sampling_params"]["sampling_seed"] == 7 and "seed" not in body["sampling_params"]
+    assert "top_k" not in body["sampling_params"]  # -1 is ours; SGLang's default is all tokens
+    info = await pool.model_info()
+    assert info["max_model_len"] == 4096 and info["kv_cache_tokens"] == 50000
+
+
+async def test_an_abort_returns_the_partial_output_and_the_pool_resumes_it(sglang) -> None:
+    _, pool = sglang
+    chunks: list[Any] = []
+
+    async def run() -> None:
+        async for chunk in pool.generate_stream(request("s2-r1", 60)):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(run())
+    await wait_until(lambda: len(chunks) >= 5, "5 chunks")
+    owner = next(m for m in pool.members if m.inflight)
+    assert isinstance(owner.engine, SGLangClient)
+    assert await owner.engine.abort("s2-r1") == 1
+    await asyncio.wait_for(task, 30)
+    ids = [i for c in chunks for i in c.output_ids]
+    assert len(ids) == 60 and chunks[-1].finish_reason == "length"
+    assert pool.counters["aborted_resumed"] == 1
+
+
+async def test_a_weight_update_in_place_labels_every_token(sglang) -> None:
+    fakes, pool = sglang
+    chunks: list[Any] = []
+
+    async def run() -> None:
+        async for chunk in pool.generate_stream(request("s3-r1", 200)):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(run())
+    await wait_until(lambda: len(chunks) >= 5, "5 chunks")
+    await pool.update_weights("/good/weights", 1)
+    assert all(f.version == "1" for f in fakes)
+    await asyncio.wait_for(task, 30)
+    assert chunks[-1].weight_version == 1 and chunks[-1].weight_version_min == 0
+    assert (await pool.model_info())["weight_version"] == 1
+
+
+async def test_weights_sglang_cannot_load_take_it_out_of_rotation(sglang) -> None:
+    _, pool = sglang
+    await pool.update_weights("/bad/weights", 1)
+    assert not any(m.active for m in pool.members)
+    assert pool.counters["update_failed"] == 2
+
+
+async def test_the_collector_reads_an_sglang_engine(sglang) -> None:
+    _, pool = sglang
+    collector = MetricsCollector(pool.engines, lambda samples, now: None)
+    loads = await collector.poll_once()
+    assert [x.capacity_tokens for x in loads] == [50000, 50000]
+    assert all(x.kv_usage == 0.25 and x.max_model_len == 4096 for x in loads)

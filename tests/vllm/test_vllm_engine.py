@@ -1,0 +1,197 @@
+"""tracerl over a real vLLM server (vLLM's CPU build) serving SmolLM2-135M-Instruct: exact ids
+and log-probs recorded through the gateway, streaming, abort and resume, weight updates, a
+kill -9 survived, and the collector reading vLLM's /metrics. One server for the module, launched
+by the engine pool as `tracerl train` launches it; the kill -9 test runs last (it restarts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+import torch
+
+from tests.conftest import reference_logprobs
+from tests.waiting import wait_until
+from tracerl.control.collector import MetricsCollector
+from tracerl.engine.server import start_server
+from tracerl.engine.types import GenerateRequest
+from tracerl.engine.vllm import VLLMClient
+from tracerl.gateway.server import Gateway
+from tracerl.gateway.store import SQLiteTraceStore
+from tracerl.rollout.launcher import ProcessLauncher
+from tracerl.rollout.pool import EnginePool
+
+pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="module")]
+
+# vLLM's CPU kernels (fused attention, its own matmul order) and an HF forward in float32 differ
+# by rounding alone: measured max |delta| over sampled tokens is ~1e-4 nats at this size. 2e-3
+# leaves room for longer contexts while still catching any real mismatch (another temperature,
+# truncation, a shifted position or the wrong token), each of which is off by 0.05 nats or more.
+LOGPROB_TOLERANCE = 2e-3
+
+
+def request(rid: str, n: int, **params: Any) -> GenerateRequest:
+    return GenerateRequest(
+        rid=rid,
+        input_ids=[1, 504, 3458, 314, 253],
+        sampling_params={"max_new_tokens": n, "ignore_eos": True, **params},
+    )
+
+
+async def test_ids_and_logprobs_recorded_through_the_gateway_are_the_models(
+    vllm_pool: EnginePool, smol: tuple[Any, Any], tmp_path: Path
+) -> None:
+    model, tokenizer = smol
+    store = SQLiteTraceStore(tmp_path / "traces.sqlite")
+    gateway = Gateway(vllm_pool, tokenizer, store, model_name="smollm2-135m",
+                      eos_ids={tokenizer.eos_token_id})  # fmt: skip
+    runner, port = await start_server(gateway.app(), "127.0.0.1", 0, cancel_on_disconnect=False)
+    url, admin = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {gateway.admin_key}"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/sessions", headers=admin) as resp:
+                session = await resp.json()
+            client = openai.AsyncOpenAI(
+                base_url=session["openai_base_url"], api_key=session["api_key"]
+            )
+            messages: Any = [{"role": "user", "content": "Name three colours."}]
+            reply = await client.chat.completions.create(
+                model="m", messages=messages, max_tokens=24, temperature=1.0
+            )
+            streamed = await client.chat.completions.create(
+                model="m", messages=messages, max_tokens=24, temperature=0.7, stream=True
+            )
+            text = "".join([c.choices[0].delta.content or "" async for c in streamed if c.choices])
+            await client.close()
+            async with http.get(f"{url}/sessions/{session['session_id']}", headers=admin) as r:
+                trace = await r.json()
+    finally:
+        await runner.cleanup()
+        await store.close()
+    first, second = trace["turns"]
+    assert reply.choices[0].message.content
+    assert tokenizer.decode(second["completion_ids"], skip_special_tokens=True).startswith(text)
+    for turn, temperature in ((first, 1.0), (second, 0.7)):
+        ids, logprobs = turn["completion_ids"], turn["completion_logprobs"]
+        assert ids and len(ids) == len(logprobs)
+        reference = reference_logprobs(model, turn["prompt_ids"], ids, temperature)
+        delta = (torch.tensor(logprobs) - reference).abs().max().item()
+        assert delta < LOGPROB_TOLERANCE, f"T={temperature}: max |logprob delta| {delta:.2e}"
+        assert turn["weight_version"] == 0
+
+
+async def test_an_abort_returns_partial_output_and_the_pool_resumes_it(
+    vllm_pool: EnginePool,
+) -> None:
+    chunks: list[Any] = []
+
+    async def run() -> None:
+        async for chunk in vllm_pool.generate_stream(request("abort-1", 200)):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(run())
+    await wait_until(lambda: sum(len(c.output_ids) for c in chunks) >= 20, "20 tokens", 120)
+    engine = vllm_pool.members[0].engine
+    assert isinstance(engine, VLLMClient)
+    assert await engine.abort("abort-1") == 1
+    await asyncio.wait_for(task, 300)
+    ids = [i for c in chunks for i in c.output_ids]
+    assert len(ids) == 200 and chunks[-1].finish_reason == "length"
+    assert len([lp for c in chunks for lp in c.output_logprobs]) == 200
+    assert vllm_pool.counters["aborted_resumed"] >= 1
+
+
+async def test_a_weight_update_changes_the_outputs_and_bumps_the_version(
+    vllm_pool: EnginePool, smol: tuple[Any, Any], tmp_path: Path
+) -> None:
+    from tracerl.models import resolve_model
+
+    greedy = {"temperature": 0.0}
+    before = await vllm_pool.generate(request("w-0", 12, **greedy))
+    model, tokenizer = smol
+    changed = tmp_path / "changed"
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if "layers.29.mlp" in name:
+                tensor.mul_(-3.0)  # the last block's MLP, reversed and scaled: other tokens
+    model.save_pretrained(changed)
+    model.load_state_dict(state)  # the shared reference model is left as it was
+    tokenizer.save_pretrained(changed)
+    await vllm_pool.update_weights(str(changed), 1)
+    after = await vllm_pool.generate(request("w-1", 12, **greedy))
+    assert after.weight_version == 1 and after.output_ids != before.output_ids
+    assert (await vllm_pool.model_info())["weight_version"] == 1
+    await vllm_pool.update_weights(str(resolve_model("smollm2-135m")), 2)
+    restored = await vllm_pool.generate(request("w-2", 12, **greedy))
+    assert restored.weight_version == 2 and restored.output_ids == before.output_ids
+
+
+async def test_an_in_place_update_labels_each_token_with_its_weights(
+    vllm_pool: EnginePool,
+) -> None:
+    from tracerl.models import resolve_model
+
+    chunks: list[Any] = []
+
+    async def run() -> None:
+        async for chunk in vllm_pool.generate_stream(request("inplace-1", 150)):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(run())
+    await wait_until(lambda: sum(len(c.output_ids) for c in chunks) >= 10, "10 tokens", 120)
+    await vllm_pool.update_weights(str(resolve_model("smollm2-135m")), 3)
+    await asyncio.wait_for(task, 300)
+    assert sum(len(c.output_ids) for c in chunks) == 150
+    assert chunks[-1].weight_version == 3 and chunks[-1].weight_version_min == 2
+    assert vllm_pool.counters["aborted_resumed"] <= 1  # in place: nothing was aborted here
+
+
+async def test_many_concurrent_seeded_requests_do_not_kill_the_engine(
+    vllm_pool: EnginePool,
+) -> None:
+    # vLLM's CPU build dies on 64 concurrent seeded requests; its client sends them unseeded
+    engine = vllm_pool.members[0].engine
+    assert isinstance(engine, VLLMClient) and engine.seeds is False
+    outs = await asyncio.wait_for(
+        asyncio.gather(*(vllm_pool.generate(request(f"seed-{i}", 8, seed=i)) for i in range(64))),
+        600,
+    )
+    assert all(len(o.output_ids) == 8 for o in outs)
+    assert vllm_pool.counters["restarts"] == 0
+
+
+async def test_the_collector_reads_vllms_metrics(vllm_pool: EnginePool) -> None:
+    collector = MetricsCollector(vllm_pool.engines, lambda samples, now: None)
+    [load] = await collector.poll_once()
+    assert load.capacity_tokens >= 32768 and load.max_model_len == 1024
+    assert not load.paused
+    await vllm_pool.generate(request("metrics-1", 16))
+    await collector.poll_once()
+    assert collector.generated_tokens >= 16
+
+
+async def test_kill_9_of_the_server_mid_generation_is_survived(vllm_pool: EnginePool) -> None:
+    chunks: list[Any] = []
+
+    async def run() -> None:
+        async for chunk in vllm_pool.generate_stream(request("kill-1", 120)):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(run())
+    await wait_until(lambda: sum(len(c.output_ids) for c in chunks) >= 10, "10 tokens", 120)
+    launcher = vllm_pool.members[0].launcher
+    assert isinstance(launcher, ProcessLauncher) and launcher.pid is not None
+    os.killpg(launcher.pid, signal.SIGKILL)  # the API server and its engine core at once
+    await asyncio.wait_for(task, 900)  # restarted (a fresh vLLM start), then resumed
+    assert sum(len(c.output_ids) for c in chunks) == 120
+    assert chunks[-1].finish_reason == "length"
+    assert vllm_pool.counters["restarts"] == 1
+    assert (await vllm_pool.model_info())["weight_version"] == 3  # restarted on v3's weights
