@@ -22,11 +22,18 @@ BENCHMARKS = {
     "step": "tracerl.bench.step",
 }
 
+VLLM_VARIANTS = {"engine": "tracerl.bench.engine_vllm", "gateway": "tracerl.bench.gateway_vllm"}
+
 
 def run_benchmark(name: str, args: argparse.Namespace) -> int:
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
-    module = importlib.import_module(BENCHMARKS[name])
+    module_name = BENCHMARKS[name]
+    if getattr(args, "backend", "local") == "vllm" and name != "learn":  # learn: its own option
+        if name not in VLLM_VARIANTS:
+            raise ValueError(f"bench {name} has no --backend vllm variant")
+        module_name = VLLM_VARIANTS[name]
+    module = importlib.import_module(module_name)
     if name in ("train", "step"):  # they parse their own options (`python -m MODULE -h`)
         argv = ["--model", args.model, *(["--quick"] if args.quick else [])]
         if args.rounds is not None:

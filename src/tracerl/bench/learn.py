@@ -52,9 +52,16 @@ PROMPTS_PER_STEP, GROUP_SIZE = 4, 8
 
 
 def tracerl_config(
-    algorithm: str, train: Path, heldout: Path, seed: int, minutes: float, eval_every: int
+    algorithm: str,
+    train: Path,
+    heldout: Path,
+    seed: int,
+    minutes: float,
+    eval_every: int,
+    engine: str = "",
 ) -> str:
-    """The `tracerl train` config of one run: the issue's settings, nothing tuned per task."""
+    """The `tracerl train` config of one run: the issue's settings, nothing tuned per task;
+    `engine`: extra `[engine]` lines (another backend)."""
     return f"""
 [trainer]
 model = "smollm2-135m"
@@ -100,6 +107,7 @@ every = {eval_every}
 kv_cache_tokens = 16384
 max_running_requests = 64
 max_model_len = 512
+{engine}
 
 [logging]
 progress = false
@@ -107,15 +115,23 @@ progress = false
 
 
 def run_tracerl(
-    algorithm: str, task_dir: Path, seed: int, minutes: float, eval_every: int
+    algorithm: str,
+    task_dir: Path,
+    seed: int,
+    minutes: float,
+    eval_every: int,
+    vllm_python: str | None = None,
 ) -> dict[str, Any]:
-    """One `tracerl train` process; its steps, curve, and the judge on its final checkpoint."""
-    run_dir = task_dir / f"tracerl-{algorithm}-seed{seed}"
-    config = task_dir / f"tracerl-{algorithm}-seed{seed}.toml"
+    """One `tracerl train` process; its steps, curve, and the judge on its final checkpoint.
+    With `vllm_python`, vLLM generates (the system is then `tracerl-ALGORITHM-vllm`)."""
+    system = f"tracerl-{algorithm}" + ("-vllm" if vllm_python else "")
+    run_dir = task_dir / f"{system}-seed{seed}"
+    config = task_dir / f"{system}-seed{seed}.toml"
+    engine = f'backend = "vllm"\npython = "{vllm_python}"' if vllm_python else ""
     config.write_text(
         tracerl_config(
             algorithm, (task_dir / "train.jsonl").resolve(),
-            (task_dir / "heldout.jsonl").resolve(), seed, minutes, eval_every,
+            (task_dir / "heldout.jsonl").resolve(), seed, minutes, eval_every, engine,
         )
     )  # fmt: skip
     command = [sys.executable, "-m", "tracerl.cli.main", "train", str(config)]
@@ -133,7 +149,7 @@ def run_tracerl(
     steps = [r for r in records if "rollout/reward_mean" in r]
     evals = [r for r in records if "eval/accuracy" in r]
     return {
-        "system": f"tracerl-{algorithm}",
+        "system": system,
         "seed": seed,
         "steps": len(steps),
         "accuracy_after": judge_checkpoint(run_dir / "checkpoints", task_dir),
@@ -200,7 +216,8 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
     met = True
     for task in tasks:
         per: dict[str, dict[str, float]] = {}
-        for system in SYSTEMS:
+        present = {r["system"] for r in runs if r["task"] == task}
+        for system in [*SYSTEMS, *sorted(present - set(SYSTEMS))]:  # -vllm runs after the rest
             mine = [r for r in runs if r["task"] == task and r["system"] == system]
             if not mine:
                 continue
@@ -273,6 +290,11 @@ def main(args: argparse.Namespace) -> int:
             "bench learn: --include holds runs this summary would count twice: "
             + ", ".join(f"{task}/{system}/seed{seed}" for task, system, seed in repeated)
         )
+    vllm_python = None
+    if args.backend == "vllm":
+        from tracerl.bench.engine_vllm import _vllm_python
+
+        vllm_python = str(Path(_vllm_python(args.engine_python)).resolve())
     work = Path(args.work_dir or f"runs/bench-learn-{time.strftime('%Y%m%d-%H%M%S')}")
     work.mkdir(parents=True, exist_ok=False)
     runs = []
@@ -290,7 +312,9 @@ def main(args: argparse.Namespace) -> int:
                     result = run_trl(task_dir, seed, args.minutes, args.minutes / 3)
                 else:
                     algorithm = system.removeprefix("tracerl-")
-                    result = run_tracerl(algorithm, task_dir, seed, args.minutes, args.eval_every)
+                    result = run_tracerl(
+                        algorithm, task_dir, seed, args.minutes, args.eval_every, vllm_python
+                    )
                 result.update(task=task, accuracy_before=before)
                 runs.append(result)
                 print(json.dumps(result), flush=True)

@@ -207,6 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("name", choices=list(BENCHMARKS))
     bench.add_argument("--model", default="smollm2-135m", help="model to benchmark")
     bench.add_argument(
+        "--backend",
+        choices=("local", "vllm"),
+        default="local",
+        help="engine, gateway: vllm measures a vLLM server (the pool launches it) side by side",
+    )
+    bench.add_argument(
+        "--engine-python", help="--backend vllm: the Python with vLLM (default .venv-vllm)"
+    )
+    bench.add_argument(
         "--requests", type=int, default=48, help="requests per round in the 16-concurrent run"
     )
     bench.add_argument(
