@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -294,7 +295,8 @@ def main(args: argparse.Namespace) -> int:
     if args.backend == "vllm":
         from tracerl.bench.engine_vllm import _vllm_python
 
-        vllm_python = str(Path(_vllm_python(args.engine_python)).resolve())
+        # absolute, not resolved: a venv's python is a symlink whose target has no vLLM
+        vllm_python = os.path.abspath(_vllm_python(args.engine_python))
     work = Path(args.work_dir or f"runs/bench-learn-{time.strftime('%Y%m%d-%H%M%S')}")
     work.mkdir(parents=True, exist_ok=False)
     runs = []
