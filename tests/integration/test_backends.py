@@ -97,7 +97,8 @@ def test_launch_commands_carry_the_engine_settings() -> None:
         assert flag in joined
     # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims x K and V x 4 bytes per token
     assert f"--kv-cache-memory-bytes {4096 * 30 * 3 * 64 * 2 * 4}" in joined
-    assert argv[-1] == "--enforce-eager" and env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert argv[-1] == "--enforce-eager" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "--stream-interval 8" in joined and env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "60"
     sglang, _ = launch_command(config.model_copy(update={"backend": "sglang"}), smol, 8124)
     joined = " ".join(sglang)
     for flag in ("sglang.launch_server", "--model-path", "--incremental-streaming-output",

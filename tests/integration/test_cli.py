@@ -37,6 +37,10 @@ def test_bad_config_fails_before_loading_anything(tmp_path) -> None:
     assert "server.prot: unknown key" in out.stderr
     out = subprocess.run([*CLI, "engine", "--model", "/nowhere"], capture_output=True, text=True)
     assert out.returncode == 2 and "engine.model" in out.stderr
+    out = subprocess.run([*CLI, "engine", "--engine.backend=vllm"], capture_output=True, text=True)
+    assert out.returncode == 2 and "engine.backend: `tracerl engine` serves" in out.stderr
+    out = subprocess.run([*CLI, "engine", "--engine.backend=vlm"], capture_output=True, text=True)
+    assert out.returncode == 2 and "engine.backend" in out.stderr and "'sglang'" in out.stderr
 
 
 def test_engine_command_serves_until_terminated(tmp_path) -> None:

@@ -231,3 +231,24 @@ async def test_in_process_engines_take_weights_without_disk(make_engine) -> None
         )
     head = dict(new)["lm_head.weight"]
     assert all(torch.equal(e.model.lm_head.weight, head) for e in engines)
+
+
+async def test_requests_wait_for_a_restarting_engine_instead_of_failing() -> None:
+    argv = sim_engine_command("--sim.time_scale=2", "--sim.decode_step_s=0.01")
+    pool = await EnginePool.launch(
+        [ProcessLauncher(argv)],
+        config=PoolConfig(
+            health_interval_s=0.2, failure_threshold=1, request_timeout_s=5.0,
+            no_engine_wait_s=0.1,  # far shorter than a restart
+        ),
+    )  # fmt: skip
+    await pool.start()
+    try:
+        launcher = pool.members[0].launcher
+        assert isinstance(launcher, ProcessLauncher) and launcher.process is not None
+        launcher.process.kill()
+        await wait_until(lambda: pool.members[0].restarting, "the restart begun")
+        out = await asyncio.wait_for(pool.generate(req("during-restart", 5)), 60)
+        assert len(out.output_ids) == 5 and pool.counters["restarts"] == 1
+    finally:
+        await pool.close()

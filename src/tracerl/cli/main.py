@@ -62,6 +62,11 @@ def _cmd_engine(args: argparse.Namespace, overrides: list[str]) -> int:
     _set(base["server"], "host", args.host)
     _set(base["server"], "port", args.port)
     config = _finish_config(load_config(EngineCommandConfig, args.config, overrides, base), args)
+    if config.engine.backend != "local" or config.engine.urls:
+        raise ConfigError(
+            "engine.backend: `tracerl engine` serves the embedded engine (or --sim); the "
+            "backend and urls settings are for train, serve and gateway"
+        )
     from tracerl.cli.engine import run_engine
 
     return run_engine(config, sim=args.sim)

@@ -21,7 +21,9 @@ class PoolConfig(Config):
     max_attempts: int = Field(default=4, ge=1)
     """Attempts per request, the first included; each retry resumes from the tokens so far."""
     no_engine_wait_s: float = Field(default=60.0, ge=0)
-    """How long a request waits for an engine to become active before failing."""
+    """How long a request waits for an engine to become active before failing; while a
+    launched engine is restarting, requests wait for it instead (up to its start-up timeout,
+    `engine.ready_timeout_s`: a vLLM server takes about a minute to start)."""
     update_mode: Literal["in_place", "abort_resume", "wait"] = "in_place"
     """Weight sync: pause in-flight requests in place and continue them on the new weights over
     the KV the old ones wrote (nothing is recomputed; every token is labelled with the weights

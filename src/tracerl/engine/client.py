@@ -109,14 +109,21 @@ def json_or_text(raw: bytes) -> Any:
         return raw.decode(errors="replace")
 
 
+IDLE_CONNECTION_S = 3.0
+"""An idle connection is closed after this long, before the server would close it (uvicorn's
+default, vLLM's and SGLang's servers, is 5 s; aiohttp's client default of 15 s let a request go
+out on a connection the server was closing: `Can not write request body`, measured with vLLM)."""
+
+
 def engine_http_session(read_timeout_s: float) -> aiohttp.ClientSession:
     """An HTTP session for talking to one engine: `read_timeout_s` bounds the wait for each
     piece of a reply (a stream's next chunk), never the whole of it, so a long generation is
     not cut; no connection limit (aiohttp's default is 100), so the engine, not tracerl, owns
-    the queueing of requests beyond what it runs."""
+    the queueing of requests beyond what it runs; idle connections closed before the server's
+    keep-alive ends."""
     return aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=read_timeout_s),
-        connector=aiohttp.TCPConnector(limit=0),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_CONNECTION_S),
     )
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import orjson
+
 from tracerl.engine.client import (
     _JSON_HEADERS,
     EngineClient,
@@ -105,7 +107,7 @@ class VLLMClient(EngineClient):
         wire = await self._body(request, True)
         done = 0
         async with http.post(
-            self.base_url + "/inference/v1/generate", json=wire, headers=_JSON_HEADERS
+            self.base_url + "/inference/v1/generate", data=orjson.dumps(wire), headers=_JSON_HEADERS
         ) as resp:
             if resp.status >= 300:
                 raise EngineHTTPError(resp.status, json_or_text(await resp.read()))

@@ -127,8 +127,10 @@ def launch_command(
         ]
         if config.max_model_len is not None:
             argv += ["--max-model-len", str(config.max_model_len)]
-        # pause, abort, weight reload and version endpoints are vLLM's dev-mode routes
+        # pause, abort, weight reload and version endpoints are vLLM's dev-mode routes; idle
+        # connections outlive the client's (IDLE_CONNECTION_S) so none closes under a request
         env["VLLM_SERVER_DEV_MODE"] = "1"
+        env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] = "60"
     else:  # sglang
         argv = [python, "-m", "sglang.launch_server", "--model-path", str(model_dir), *host]
         argv += ["--dtype", _dtype(config), "--random-seed", str(config.seed)]

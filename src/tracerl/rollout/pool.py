@@ -16,7 +16,7 @@ or talks nonsense costs time, never a sample.
   waited for; every active engine loads the weights and must report the new version; one that
   fails is taken out and restarted rather than left serving old weights. Bounded by a timeout.
 
-One module of ~460 lines: routing, health checks, fail-over with resume, restarts and weight
+One module of ~520 lines: routing, health checks, fail-over with resume, restarts and weight
 sync all read and change the same members' state on one event loop.
 """
 
@@ -44,7 +44,7 @@ from tracerl.engine.types import (
     PoolError,
     WeightLoadError,
 )
-from tracerl.rollout.launcher import EngineLauncher
+from tracerl.rollout.launcher import STOP_GRACE_S, EngineLauncher
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class Member:
     failures: int = 0
     inflight: int = 0
     restarting: bool = False
+    restart_deadline: float = 0.0
     weight_version: int = 0
     last_ok: float = field(default_factory=time.monotonic)
 
@@ -179,6 +180,11 @@ class EnginePool:
                 self._restarts.add(task)
                 task.add_done_callback(self._restarts.discard)
 
+    def _take_out(self, member: Member, reason: str) -> None:
+        """Out of rotation now (restarted if launched), whatever its failure count was."""
+        member.failures = self.config.failure_threshold - 1
+        self._mark(member, False, reason)
+
     async def _pick(self, key: str, exclude: set[str]) -> Member:
         deadline = time.monotonic() + self.config.no_engine_wait_s
         while True:
@@ -197,12 +203,19 @@ class EnginePool:
                     self._affinity.popitem(last=False)
                 return chosen
             remaining = deadline - time.monotonic()
+            if remaining <= 0 and self._restarting_until() > time.monotonic():
+                remaining = 1.0  # an engine is restarting: its start-up bounds the wait
             if remaining <= 0:
                 raise PoolError("no active engine (all failed health checks)")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(remaining, 1.0)):
                     await self._changed.wait()
+
+    def _restarting_until(self) -> float:
+        """When the latest restart in progress must have ended (its launcher's ready timeout
+        after it began), or 0: requests wait for a restarting engine rather than fail."""
+        return max((m.restart_deadline for m in self.members if m.restarting), default=0.0)
 
     # ------------------------------------------------------------------ generation
 
@@ -269,7 +282,6 @@ class EnginePool:
                         yield chunk
                         if finish is not None:
                             break
-
             except EngineHTTPError as e:
                 if e.status < 500:
                     raise  # the request itself is wrong: another engine would say the same
@@ -348,6 +360,8 @@ class EnginePool:
     async def _restart(self, member: Member) -> None:
         assert member.launcher is not None
         member.restarting = True
+        ready_s = float(getattr(member.launcher, "ready_timeout_s", 0.0))
+        member.restart_deadline = time.monotonic() + STOP_GRACE_S + ready_s
         try:
             if self.weight_version and self.weights_path is None:
                 log.error(
@@ -409,6 +423,7 @@ class EnginePool:
                 async with asyncio.timeout(self.config.update_timeout_s):
                     await self._sync(model_path, weight_version, named_tensors)
             finally:
+                self._paused = False  # a failed sync must not leave health polls off
                 self._admission.set()
 
     async def _sync(
@@ -430,8 +445,7 @@ class EnginePool:
         for member, result in zip(active, results, strict=True):
             if result is not None:  # the load's error, or one gather caught
                 self.counters["update_failed"] += 1
-                member.failures = self.config.failure_threshold - 1
-                self._mark(member, False, f"weight update to v{version} failed: {result}")
+                self._take_out(member, f"weight update to v{version} failed: {result}")
         if mode != "wait":
             resumed = [m for m in active if m.active]
             outcomes = await asyncio.gather(
@@ -441,9 +455,8 @@ class EnginePool:
             for member, outcome in zip(resumed, outcomes, strict=True):
                 if isinstance(outcome, Exception):  # paused for good: its requests would hang
                     self.counters["resume_failed"] += 1
-                    member.failures = self.config.failure_threshold - 1
-                    self._mark(
-                        member, False, f"resume after the v{version} update failed: {outcome!r}"
+                    self._take_out(
+                        member, f"resume after the v{version} update failed: {outcome!r}"
                     )
 
     async def _load(
