@@ -49,11 +49,8 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class VLLMClient(EngineClient):
-    def __init__(self, base_url: str, timeout_s: float = 600.0, seeds: bool = True) -> None:
-        """`seeds=False` drops per-request seeds (vLLM's CPU build crashes with
-        `CPU Generator does not use offset` under many concurrent seeded requests)."""
+    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
         super().__init__(base_url, timeout_s)
-        self.seeds = seeds
         self._max_model_len: int | None = None
         self._weight_version: int | None = None
         """The version this client last loaded or read (the final chunk's spans are vLLM's
@@ -87,7 +84,7 @@ class VLLMClient(EngineClient):
             "detokenize": False,
             "skip_special_tokens": False,
         }
-        if p.seed is not None and self.seeds:
+        if p.seed is not None:
             params["seed"] = p.seed
         return {
             "request_id": request.rid,

@@ -52,9 +52,7 @@ def client_for(config: EngineConfig, url: str, timeout_s: float) -> Engine:
     if config.backend == "vllm":
         from tracerl.engine.vllm import VLLMClient
 
-        # vLLM's CPU build dies (`CPU Generator does not use offset`) under many concurrent
-        # seeded requests: on CPU, requests go unseeded (sampling is still exact and recorded)
-        return VLLMClient(url, timeout_s, seeds=_device(config) == "cuda")
+        return VLLMClient(url, timeout_s)
     if config.backend == "sglang":
         from tracerl.engine.sglang import SGLangClient
 
