@@ -155,19 +155,16 @@ async def test_an_in_place_update_labels_each_token_with_its_weights(
     assert vllm_pool.counters["aborted_resumed"] <= 1  # in place: nothing was aborted here
 
 
-async def test_many_concurrent_seeded_requests_run_and_seeds_reproduce(
+async def test_many_concurrent_seeded_requests_do_not_kill_the_engine(
     vllm_pool: EnginePool,
 ) -> None:
-    # the issue saw vLLM-CPU die at 64 concurrent seeded requests (through /v1/completions);
-    # through /inference/v1/generate 64 of them run, and a seed gives the same tokens again
-    outs = await asyncio.wait_for(
-        asyncio.gather(*(vllm_pool.generate(request(f"seed-{i}", 32, seed=i)) for i in range(64))),
-        600,
-    )
-    assert all(len(o.output_ids) == 32 for o in outs)
-    first = await vllm_pool.generate(request("seed-a", 32, seed=5))  # alone, twice
-    again = await vllm_pool.generate(request("seed-b", 32, seed=5))
-    assert again.output_ids == first.output_ids
+    # seeded requests killed vLLM's CPU build (`CPU Generator does not use offset`) in
+    # `tracerl bench engine --backend vllm --quick`: on CPU the adapter sends them unseeded
+    engine = vllm_pool.members[0].engine
+    assert isinstance(engine, VLLMClient) and engine.seeds is False
+    requests = [request(f"seed-{i}", 8 + (i * 7) % 72, seed=i, temperature=0.7) for i in range(64)]
+    outs = await asyncio.wait_for(asyncio.gather(*map(vllm_pool.generate, requests)), 600)
+    assert [len(o.output_ids) for o in outs] == [8 + (i * 7) % 72 for i in range(64)]
     assert vllm_pool.counters["restarts"] == 0
 
 

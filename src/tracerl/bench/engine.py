@@ -27,6 +27,7 @@ import torch
 
 from tracerl.config import EngineConfig
 from tracerl.engine.local import LocalEngine
+from tracerl.engine.protocol import Engine
 from tracerl.engine.types import GenerateRequest, SamplingParams
 from tracerl.models import load_model_and_tokenizer
 
@@ -45,7 +46,7 @@ QUESTIONS = [
 ]
 
 
-def _workload(tokenizer: Any, n: int, lengths: tuple[int, int], seed: int) -> list[tuple]:
+def workload(tokenizer: Any, n: int, lengths: tuple[int, int], seed: int) -> list[tuple]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -88,12 +89,14 @@ def _run_generate(model: Any, tokenizer: Any, work: list[tuple], concurrency: in
     return tokens / (time.perf_counter() - started)
 
 
-async def _run_engine(engine: LocalEngine, work: list[tuple], concurrency: int) -> float:
+async def run_engine(engine: Engine, work: list[tuple], concurrency: int, tag: str = "") -> float:
+    """Requested tokens/s of `engine` over `work` at `concurrency` (request ids `TAGi-r`)."""
     limit = asyncio.Semaphore(concurrency)
 
     async def one(i: int, ids: list[int], n: int) -> int:
         async with limit:
             req = GenerateRequest(
+                rid=f"{tag}{i}-r",
                 input_ids=ids,
                 sampling_params=SamplingParams(
                     max_new_tokens=n, temperature=TEMPERATURE, ignore_eos=True, seed=i
@@ -127,16 +130,16 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     )
     totals = {label: _Totals() for label in ("c1", "c16")}
     async with engine:
-        warm = _workload(tokenizer, 1, (8, 8), seed=0)
-        await _run_engine(engine, warm, 1)
+        warm = workload(tokenizer, 1, (8, 8), seed=0)
+        await run_engine(engine, warm, 1)
         _run_generate(model, tokenizer, warm, 1)
         # Rounds alternate the two sides so both see the same machine conditions (memory
         # bandwidth here varies by +-20 % between minutes); figures are totals over rounds.
         for round_index in range(rounds):
             for label, n, conc in (("c1", n_seq, 1), ("c16", n_conc, 16)):
-                work = _workload(tokenizer, n, lengths, seed=100 * round_index + conc)
+                work = workload(tokenizer, n, lengths, seed=100 * round_index + conc)
                 tokens = sum(k for _, k in work)
-                engine_s = tokens / await _run_engine(engine, work, conc)
+                engine_s = tokens / await run_engine(engine, work, conc)
                 generate_s = tokens / _run_generate(model, tokenizer, work, conc)
                 t = totals[label]
                 t.tokens += tokens

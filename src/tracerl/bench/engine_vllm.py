@@ -12,7 +12,6 @@ side generates at a time. Throughput counts requested tokens per wall-clock seco
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import tempfile
 import time
@@ -22,11 +21,10 @@ from typing import Any
 import torch
 
 from tracerl import eventloop
-from tracerl.bench.engine import TEMPERATURE, _workload
+from tracerl.bench.engine import run_engine, workload
 from tracerl.config import EngineConfig, PoolConfig
 from tracerl.engine.local import LocalEngine
 from tracerl.engine.protocol import Engine
-from tracerl.engine.types import GenerateRequest, SamplingParams
 from tracerl.models import load_model_and_tokenizer, resolve_model
 from tracerl.rollout.backends import start_pool
 
@@ -34,27 +32,6 @@ LEVELS = (("c1", 1, 4), ("c16", 16, 48), ("c64", 64, 128))  # label, concurrency
 TARGET_RATIO = 1.0  # vLLM at least as fast as the embedded engine where batches are wide
 KV_TOKENS = 65536
 MAX_MODEL_LEN = 1024
-
-
-async def _throughput(engine: Engine, work: list[tuple], concurrency: int, tag: str) -> float:
-    limit = asyncio.Semaphore(concurrency)
-
-    async def one(i: int, ids: list[int], n: int) -> int:
-        async with limit:
-            req = GenerateRequest(
-                rid=f"{tag}{i}-r",
-                input_ids=ids,
-                sampling_params=SamplingParams(
-                    max_new_tokens=n, temperature=TEMPERATURE, ignore_eos=True, seed=i
-                ),
-            )
-            out = await engine.generate(req)
-            assert len(out.output_ids) == n, (len(out.output_ids), n)
-            return n
-
-    started = time.perf_counter()
-    counts = await asyncio.gather(*(one(i, ids, n) for i, (ids, n) in enumerate(work)))
-    return sum(counts) / (time.perf_counter() - started)
 
 
 def _vllm_python(given: str | None) -> str:
@@ -88,18 +65,18 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     round_ratios: dict[str, list[float]] = {label: [] for label, _, _ in LEVELS}
     try:
         await embedded.start()
-        warm = _workload(tokenizer, 2, (8, 8), seed=0)
+        warm = workload(tokenizer, 2, (8, 8), seed=0)
         for name, engine in sides.items():
-            await _throughput(engine, warm, 2, f"warm-{name}-")
+            await run_engine(engine, warm, 2, f"warm-{name}-")
         for r in range(rounds):
             for label, concurrency, requests in LEVELS:
                 n = max(2, requests // 2) if args.quick else requests
-                work = _workload(tokenizer, n, lengths, seed=100 * r + concurrency)
+                work = workload(tokenizer, n, lengths, seed=100 * r + concurrency)
                 tokens = sum(k for _, k in work)
                 order = list(sides.items()) if r % 2 == 0 else list(sides.items())[::-1]
                 rates = {}
                 for name, engine in order:
-                    rates[name] = await _throughput(engine, work, concurrency, f"{name}{r}{label}-")
+                    rates[name] = await run_engine(engine, work, concurrency, f"{name}{r}{label}-")
                     totals[label][name][0] += tokens
                     totals[label][name][1] += tokens / rates[name]
                 round_ratios[label].append(round(rates["vllm"] / rates["embedded"], 3))

@@ -52,7 +52,9 @@ def client_for(config: EngineConfig, url: str, timeout_s: float) -> Engine:
     if config.backend == "vllm":
         from tracerl.engine.vllm import VLLMClient
 
-        return VLLMClient(url, timeout_s)
+        # seeded requests kill vLLM's CPU build (VLLMClient): on CPU they go unseeded; the
+        # sampling is still exact and recorded, only replaying a seed is lost
+        return VLLMClient(url, timeout_s, seeds=_device(config) == "cuda")
     if config.backend == "sglang":
         from tracerl.engine.sglang import SGLangClient
 
