@@ -19,6 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +41,26 @@ def _user_text(session: int, turn: int) -> str:
     return f"Session {session} turn {turn}: " + FILLER * 14  # ~350 tokens
 
 
-async def _session_via_gateway(
-    http: aiohttp.ClientSession, url: str, admin: str, k: int, latencies: list[float]
+async def session_via_gateway(
+    http: aiohttp.ClientSession,
+    url: str,
+    admin: str,
+    k: int,
+    latencies: list[float],
+    *,
+    turns: int = TURNS,
+    user_text: Callable[[int, int], str] = _user_text,
+    sampling: dict[str, Any] | None = None,
 ) -> str:
+    """One `turns`-turn OpenAI session through the gateway (each turn's latency appended to
+    `latencies`); its session id. `sampling`: the body's sampling fields (64 tokens)."""
     async with http.post(f"{url}/sessions", headers={"Authorization": f"Bearer {admin}"}) as r:
         session = await r.json()
     key = {"Authorization": f"Bearer {session['api_key']}"}
     messages: list[dict[str, Any]] = []
-    for turn in range(TURNS):
-        messages.append({"role": "user", "content": _user_text(k, turn)})
-        body = {"model": "bench", "messages": messages, "max_tokens": 64}
+    for turn in range(turns):
+        messages.append({"role": "user", "content": user_text(k, turn)})
+        body = {"model": "bench", "messages": messages, **(sampling or {"max_tokens": 64})}
         started = time.perf_counter()
         async with http.post(
             f"{session['openai_base_url']}/chat/completions", json=body, headers=key
@@ -175,7 +186,7 @@ async def _compare(
 
         async def one(k: int) -> str:
             async with limit:
-                return await _session_via_gateway(http, gateway, admin, k, via)
+                return await session_via_gateway(http, gateway, admin, k, via)
 
         started = time.perf_counter()
         ids = await asyncio.gather(*(one(r * per_round + k) for k in range(per_round)))

@@ -27,6 +27,7 @@ import aiohttp
 
 from tracerl import eventloop
 from tracerl.bench.engine_vllm import _vllm_python
+from tracerl.bench.gateway import session_via_gateway
 from tracerl.config import EngineConfig
 from tracerl.models import resolve_model
 from tracerl.rollout.backends import free_port, launch_command
@@ -47,25 +48,13 @@ async def _reset_cache(http: aiohttp.ClientSession, vllm: str) -> None:
 async def _via_gateway(
     http: aiohttp.ClientSession, url: str, admin: str, k: int
 ) -> tuple[str, list[float]]:
-    async with http.post(f"{url}/sessions", headers={"Authorization": f"Bearer {admin}"}) as r:
-        session = await r.json()
-    key = {"Authorization": f"Bearer {session['api_key']}"}
-    messages: list[dict[str, Any]] = []
-    latencies = []
-    for turn in range(TURNS):
-        messages.append({"role": "user", "content": f"Session {k} turn {turn}: " + FILLER * 4})
-        body = {"model": "bench", "messages": messages, "max_tokens": REPLY_TOKENS,
-                "temperature": 0.0}  # fmt: skip
-        started = time.perf_counter()
-        async with http.post(
-            f"{session['openai_base_url']}/chat/completions", json=body, headers=key
-        ) as r:
-            reply = await r.json()
-            if r.status != 200:
-                raise RuntimeError(f"gateway turn failed: {reply}")
-        latencies.append(time.perf_counter() - started)
-        messages.append({"role": "assistant", "content": reply["choices"][0]["message"]["content"]})
-    return str(session["session_id"]), latencies
+    latencies: list[float] = []
+    sid = await session_via_gateway(
+        http, url, admin, k, latencies, turns=TURNS,
+        user_text=lambda k, turn: f"Session {k} turn {turn}: " + FILLER * 4,
+        sampling={"max_tokens": REPLY_TOKENS, "temperature": 0.0},
+    )  # fmt: skip
+    return sid, latencies
 
 
 async def _direct(

@@ -55,6 +55,7 @@ from tracerl.control.collector import MetricsCollector
 from tracerl.control.controller import ConcurrencyController, Kind
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, Finished
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
+from tracerl.run import engines
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout
@@ -109,7 +110,6 @@ class RLLoop:
     # episodes' side (environment, datasets, runner, group buffer), the dispatcher with the
     # controller and the metrics collector, and the logs with the evals.
     trainer: Trainer
-    engines: dict[str, Any]
     pool: EnginePool
     store: SQLiteTraceStore
     gateway: Gateway
@@ -132,7 +132,9 @@ class RLLoop:
 
         self.trainer = await asyncio.to_thread(Trainer, self.config.trainer)
         loop_state = await self._resume() if self.resume else {}
-        await self._start_engines()
+        self.pool = await engines.start(
+            self.config, self._given_engines, self.trainer, self.run_dir, self.step, self.closers
+        )
         await self._start_gateway()
         self._start_episodes(loop_state)
         await self._start_control(loop_state)
@@ -166,36 +168,6 @@ class RLLoop:
         dropped = truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
         log.info("resumed at step %d (%d later metric lines dropped)", self.step, dropped)
         return loop_state
-
-    def _servers(self) -> bool:
-        """The engines are servers the pool launches or attaches to (vLLM, SGLang, ...)."""
-        engine = self.config.engine
-        return self._given_engines is None and (engine.backend != "local" or bool(engine.urls))
-
-    async def _start_engines(self) -> None:
-        from tracerl.engine.local import LocalEngine
-        from tracerl.rollout.pool import EnginePool, Member
-
-        c = self.config
-        if self._servers():
-            from tracerl.models import resolve_model
-            from tracerl.rollout.backends import backend_log_dir, start_pool
-
-            # a resumed run's engines start on its trained weights, a new run's on the base
-            base = await self._export_weights() if self.step else resolve_model(c.trainer.model)
-            logs = backend_log_dir(c.engine, self.run_dir / "logs")
-            self.pool = await start_pool(c.engine, base, logs, c.pool)
-            self.closers.append(self.pool.close)
-            return
-        self.engines = self._given_engines or {"local": LocalEngine(c.engine)}
-        for engine in self.engines.values():
-            await engine.start()
-            self.closers.append(engine.close)
-            if self.step:  # engines start from the base weights: give them the trained ones
-                await engine.update_weights(self.trainer.actor_named_tensors(), self.step)
-        self.pool = EnginePool([Member(n, e) for n, e in self.engines.items()], c.pool)
-        await self.pool.start()
-        self.closers.append(self.pool.close)
 
     async def _start_gateway(self) -> None:
         from tracerl.engine.server import start_server
@@ -446,10 +418,8 @@ class RLLoop:
             await self._eval_or_stop()  # an eval in flight measures the weights it started on
             synced = time.monotonic()
             # still paused: the engines take the weights at once, not after their next step
-            if self._servers():  # engines in other processes load the weights from disk
-                await self.pool.update_weights(str(await self._export_weights()), step)
-            else:
-                await self.pool.update_weights(None, step, self.trainer.actor_named_tensors())
+            servers = engines.served(c, self._given_engines)
+            await engines.push(self.pool, self.trainer, self.run_dir, step, servers)
             sync_s = time.monotonic() - synced
         finally:
             if pause:
@@ -480,21 +450,10 @@ class RLLoop:
         )
         return record
 
-    async def _export_weights(self) -> Path:
-        """The actor as a Hugging Face directory in the run directory (replaced atomically),
-        for engines in other processes to load."""
-        return await asyncio.to_thread(self.trainer.export, self.run_dir / "weights")
-
-    def _shares_cpu(self) -> bool:
-        """The trainer and the engines compute on the same cores: engines this run starts
-        (embedded, or servers launched here) with a CPU trainer. Given engines (the
-        benchmarks' simulated ones) do no compute, and attached ones run elsewhere."""
-        attached = self._servers() and bool(self.config.engine.urls)
-        return self._given_engines is None and not attached and self.trainer.device.type == "cpu"
-
     def _pause_engines_while_training(self) -> bool:
         mode = self.config.loop.engines_while_training
-        return mode == "pause" or (mode == "auto" and self._shares_cpu())
+        shared = engines.shares_cpu(self.config, self._given_engines, self.trainer)
+        return mode == "pause" or (mode == "auto" and shared)
 
     async def _eval_or_stop(self) -> None:
         """Wait until no eval is in flight, or the loop is stopping (its eval is discarded)."""

@@ -1,0 +1,84 @@
+"""The run's engines: which kind they are, starting them behind the pool, and giving them each
+step's weights. Split from `loop.py`, which calls these at start-up and after every step.
+
+- Embedded (`engine.backend = "local"`, no `engine.urls`) or given in-process engines start in
+  this process and take the trainer's tensors in process.
+- Servers (any other backend, or `engine.urls`) are launched or attached by
+  `tracerl.rollout.backends`; they load the actor the trainer exports to `RUN_DIR/weights/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tracerl.config import TrainCommandConfig
+
+if TYPE_CHECKING:
+    from tracerl.rollout.pool import EnginePool
+    from tracerl.train.trainer import Trainer
+
+
+def served(config: TrainCommandConfig, given: dict[str, Any] | None) -> bool:
+    """The engines are servers the pool launches or attaches to (vLLM, SGLang, ...)."""
+    engine = config.engine
+    return given is None and (engine.backend != "local" or bool(engine.urls))
+
+
+def shares_cpu(config: TrainCommandConfig, given: dict[str, Any] | None, trainer: Trainer) -> bool:
+    """The trainer and the engines compute on the same cores: engines this run starts
+    (embedded, or servers launched here) with a CPU trainer. Given engines (the benchmarks'
+    simulated ones) do no compute, and attached ones run elsewhere."""
+    attached = served(config, given) and bool(config.engine.urls)
+    return given is None and not attached and trainer.device.type == "cpu"
+
+
+async def export(trainer: Trainer, run_dir: Path) -> Path:
+    """The actor as a Hugging Face directory in the run directory (replaced atomically), for
+    engines in other processes to load."""
+    return await asyncio.to_thread(trainer.export, run_dir / "weights")
+
+
+async def start(
+    config: TrainCommandConfig,
+    given: dict[str, Any] | None,
+    trainer: Trainer,
+    run_dir: Path,
+    step: int,
+    closers: list[Any],
+) -> EnginePool:
+    """The started pool over the run's engines, on the weights of `step` (0: the base model);
+    what must be closed at the end is appended to `closers`."""
+    from tracerl.rollout.pool import EnginePool, Member
+
+    if served(config, given):
+        from tracerl.models import resolve_model
+        from tracerl.rollout.backends import backend_log_dir, start_pool
+
+        # a resumed run's engines start on its trained weights, a new run's on the base
+        base = await export(trainer, run_dir) if step else resolve_model(config.trainer.model)
+        logs = backend_log_dir(config.engine, run_dir / "logs")
+        pool = await start_pool(config.engine, base, logs, config.pool)
+        closers.append(pool.close)
+        return pool
+    from tracerl.engine.local import LocalEngine
+
+    engines = given or {"local": LocalEngine(config.engine)}
+    for engine in engines.values():
+        await engine.start()
+        closers.append(engine.close)
+        if step:  # engines start from the base weights: give them the trained ones
+            await engine.update_weights(trainer.actor_named_tensors(), step)
+    pool = EnginePool([Member(n, e) for n, e in engines.items()], config.pool)
+    await pool.start()
+    closers.append(pool.close)
+    return pool
+
+
+async def push(pool: EnginePool, trainer: Trainer, run_dir: Path, step: int, servers: bool) -> None:
+    """Step `step`'s weights into every engine: in process, or from disk for servers."""
+    if servers:
+        await pool.update_weights(str(await export(trainer, run_dir)), step)
+    else:
+        await pool.update_weights(None, step, trainer.actor_named_tensors())
