@@ -81,6 +81,11 @@ def _cached(dest: Path, build: Callable[[Path], None]) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
         try:
             build(tmp)
+            if not (tmp / "config.json").is_file():  # transformers saves on rank 0 only
+                raise RuntimeError(
+                    f"building {dest.name} wrote no config.json: build the cache outside a "
+                    "torch process group (resolve_model before init_process_group)"
+                )
             (tmp / ".complete").write_text("ok\n")
             if dest.exists():
                 shutil.rmtree(dest)

@@ -3,10 +3,20 @@
 A checkpoint is a directory `step_00000042/` under the checkpoints directory (the run's
 `checkpoints/`):
 
-    manifest.json        format, step, the resolved trainer config, size and sha256 of each file
-    actor.safetensors    critic.safetensors (ppo)
-    state.pt             optimizers, schedulers, RNG states
+    manifest.json        format, step, ranks, the resolved trainer config, size and sha256 of
+                         each file
+    model/               `torch.distributed.checkpoint` (DCP): the trained models and their
+                         optimizers' states, by parameter name (`actor`, `actor_optimizer`,
+                         `critic`, `critic_optimizer`)
+    state.pt             schedulers, RNG states
     loop_state.bin|json  the RL loop's opaque state (data position, controller state)
+
+DCP writes each rank's shards of an FSDP2-sharded trainer and reads them into any other
+sharding, so a checkpoint saved on 2 ranks resumes on 1 and the reverse (one process saves and
+loads plain tensors the same way). Under a process group every rank calls in: rank 0 picks the
+temporary directory and writes everything but the shards; the directory must be one every rank
+sees (a shared filesystem across machines). Format 1 checkpoints (`actor.safetensors`, and the
+optimizers in `state.pt`) still load in one process.
 
 It is written into a hidden temporary directory, files fsynced, `manifest.json` last, then
 renamed into place, so a reader sees a complete checkpoint or none. Reading verifies the
@@ -26,9 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_model, save_model
+import torch.distributed as dist
+from safetensors.torch import load_model, save_file, save_model
 
-FORMAT = 1
+from tracerl.train.shard import world
+
+FORMAT = 2
+FORMATS = (1, 2)  # readable ones
 MANIFEST = "manifest.json"
 PREFIX = "step_"
 
@@ -76,61 +90,131 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _model_states(
+    models: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer]
+) -> dict[str, Any]:
+    """What DCP saves and loads in place: each model's and optimizer's state by parameter name
+    (sharded DTensors under FSDP2, plain tensors in one process)."""
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    out: dict[str, Any] = {}
+    for name, module in models.items():
+        out[name] = get_model_state_dict(module)
+        if name in optimizers:
+            out[f"{name}_optimizer"] = get_optimizer_state_dict(module, optimizers[name])
+    return out
+
+
+def on_rank_zero(work: Any) -> Any:
+    """Run `work()` on rank 0 and hand its result, or its error, to every rank, so a failure
+    there raises everywhere instead of leaving the others waiting in a collective."""
+    rank, world_size = world()
+    result: list[Any] = [None, None]
+    if rank == 0:
+        try:
+            result = [work(), None]
+        except Exception as e:  # handed to every rank, then raised there
+            result = [None, f"{type(e).__name__}: {e}"]
+    if world_size > 1:
+        dist.broadcast_object_list(result, src=0)
+    if result[1] is not None:
+        raise CheckpointError(f"rank 0 failed: {result[1]}")
+    return result[0]
+
+
 def write_checkpoint(
     directory: str | Path,
     step: int,
     config: dict[str, Any],
     models: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
     state: dict[str, Any],
     loop_state: bytes | dict[str, Any] | None,
     keep_last_n: int,
 ) -> Path:
-    """Write checkpoint `step` atomically, then delete all but the newest `keep_last_n`."""
+    """Write checkpoint `step` atomically, then delete all but the newest `keep_last_n`.
+    Under a process group every rank calls this with its shards."""
+    import torch.distributed.checkpoint as dcp
+
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{checkpoint_name(step)}-", dir=root))
+    _, world_size = world()
+
+    def make_tmp() -> str:
+        root.mkdir(parents=True, exist_ok=True)
+        return tempfile.mkdtemp(prefix=f".tmp-{checkpoint_name(step)}-", dir=root)
+
+    tmp = Path(on_rank_zero(make_tmp))
     try:
-        files: list[Path] = []
-        for name, module in models.items():
-            files.append(tmp / f"{name}.safetensors")
-            save_model(module, str(files[-1]))
-        files.append(tmp / "state.pt")
-        torch.save(state, files[-1])
-        kind = None
-        if isinstance(loop_state, bytes | bytearray):
-            kind = "bytes"
-            files.append(tmp / "loop_state.bin")
-            files[-1].write_bytes(bytes(loop_state))
-        elif loop_state is not None:
-            kind = "json"
-            files.append(tmp / "loop_state.json")
-            files[-1].write_text(json.dumps(loop_state))
-        for f in files:
-            _fsync(f)
-        manifest = {
-            "format": FORMAT,
-            "step": step,
-            "config": config,
-            "loop_state": kind,
-            "files": {f.name: {"bytes": f.stat().st_size, "sha256": _digest(f)} for f in files},
-        }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        _fsync(tmp / MANIFEST)
-        target = root / checkpoint_name(step)
-        if target.exists():  # the same step saved again: replace it whole
-            old = root / f".old-{target.name}-{os.getpid()}"
-            target.rename(old)
-            tmp.rename(target)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(target)
-        _fsync(root)
+        dcp.save(
+            _model_states(models, optimizers),
+            checkpoint_id=str(tmp / "model"),
+            no_dist=world_size == 1,
+        )
+        if world_size > 1:
+            dist.barrier()
+        target = on_rank_zero(
+            lambda: _finish(root, tmp, step, config, state, loop_state, world_size)
+        )
     finally:
-        if tmp.exists():
+        if world()[0] == 0 and tmp.exists():
             shutil.rmtree(tmp)
-    for stale in list_checkpoints(root)[:-keep_last_n]:
-        shutil.rmtree(stale)
-    return target
+    if world()[0] == 0:
+        for stale in list_checkpoints(root)[:-keep_last_n]:
+            shutil.rmtree(stale)
+    return Path(target)
+
+
+def _finish(
+    root: Path,
+    tmp: Path,
+    step: int,
+    config: dict[str, Any],
+    state: dict[str, Any],
+    loop_state: bytes | dict[str, Any] | None,
+    world_size: int,
+) -> str:
+    """Rank 0's part: the files beside the shards, fsynced, the manifest last, the rename."""
+    files = sorted(p for p in (tmp / "model").rglob("*") if p.is_file())
+    files.append(tmp / "state.pt")
+    torch.save(state, files[-1])
+    kind = None
+    if isinstance(loop_state, bytes | bytearray):
+        kind = "bytes"
+        files.append(tmp / "loop_state.bin")
+        files[-1].write_bytes(bytes(loop_state))
+    elif loop_state is not None:
+        kind = "json"
+        files.append(tmp / "loop_state.json")
+        files[-1].write_text(json.dumps(loop_state))
+    for f in files:
+        _fsync(f)
+    _fsync(tmp / "model")
+    manifest = {
+        "format": FORMAT,
+        "step": step,
+        "ranks": world_size,
+        "config": config,
+        "loop_state": kind,
+        "files": {
+            str(f.relative_to(tmp)): {"bytes": f.stat().st_size, "sha256": _digest(f)}
+            for f in files
+        },
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _fsync(tmp / MANIFEST)
+    target = root / checkpoint_name(step)
+    if target.exists():  # the same step saved again: replace it whole
+        old = root / f".old-{target.name}-{os.getpid()}"
+        target.rename(old)
+        tmp.rename(target)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(target)
+    _fsync(root)
+    return str(target)
 
 
 def verify_checkpoint(
@@ -144,8 +228,10 @@ def verify_checkpoint(
         manifest: dict[str, Any] = json.loads((root / MANIFEST).read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{root}/{MANIFEST}: not valid JSON ({e})") from None
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{root}: format {manifest.get('format')!r}, expected {FORMAT}")
+    if manifest.get("format") not in FORMATS:
+        raise CheckpointError(
+            f"{root}: format {manifest.get('format')!r}, this tracerl reads {FORMATS}"
+        )
     for name, meta in manifest["files"].items():
         f = root / name
         if not f.is_file():
@@ -180,17 +266,13 @@ def read_checkpoint(
     path: str | Path,
     config: dict[str, Any],
     models: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
     ignore: frozenset[str] = frozenset(),
 ) -> tuple[int, dict[str, Any], bytes | dict[str, Any] | None]:
-    """Verify `path`, load `models` in place, return `(step, state, loop_state)`."""
+    """Verify `path`, load `models` and `optimizers` in place (resharded to this process
+    group), return `(step, state, loop_state)`."""
     root = Path(path)
     manifest = verify_checkpoint(root, config, ignore)
-    expected = {f"{name}.safetensors" for name in models}
-    present = {n for n in manifest["files"] if n.endswith(".safetensors")}
-    if expected != present:
-        raise CheckpointError(
-            f"{root}: holds weights {sorted(present)}, expected {sorted(expected)}"
-        )
     state = torch.load(root / "state.pt", map_location="cpu", weights_only=True)
     kind = manifest["loop_state"]
     loop_state: bytes | dict[str, Any] | None = None
@@ -198,6 +280,60 @@ def read_checkpoint(
         loop_state = (root / "loop_state.bin").read_bytes()
     elif kind == "json":
         loop_state = json.loads((root / "loop_state.json").read_text())
+    if manifest["format"] == 1:
+        _load_format_1(root, manifest, state, models, optimizers)
+    else:
+        _load_shards(root, models, optimizers)
+    return int(manifest["step"]), state, loop_state
+
+
+def _load_shards(
+    root: Path, models: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer]
+) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    states = _model_states(models, optimizers)
+    try:
+        saved = dcp.FileSystemReader(str(root / "model")).read_metadata().state_dict_metadata
+        names = {key.split(".", 1)[0] for key in saved}
+        if names != set(states):
+            raise CheckpointError(f"{root}: holds {sorted(names)}, expected {sorted(states)}")
+        dcp.load(states, checkpoint_id=str(root / "model"), no_dist=world()[1] == 1)
+        for name, module in models.items():
+            set_model_state_dict(module, states[name])
+            if name in optimizers:
+                set_optimizer_state_dict(module, optimizers[name], states[f"{name}_optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(
+            f"{root}: the saved models do not fit these ({e}); the trainer is now partly "
+            "loaded and must be rebuilt"
+        ) from None
+
+
+def _load_format_1(
+    root: Path,
+    manifest: dict[str, Any],
+    state: dict[str, Any],
+    models: dict[str, torch.nn.Module],
+    optimizers: dict[str, torch.optim.Optimizer],
+) -> None:
+    if world()[1] > 1:
+        raise CheckpointError(
+            f"{root}: a format-1 checkpoint loads in one process only; resume it on one rank "
+            "and save again to shard it"
+        )
+    expected = {f"{name}.safetensors" for name in models}
+    present = {n for n in manifest["files"] if n.endswith(".safetensors")}
+    if expected != present:
+        raise CheckpointError(
+            f"{root}: holds weights {sorted(present)}, expected {sorted(expected)}"
+        )
     for name, module in models.items():
         try:
             load_model(module, str(root / f"{name}.safetensors"), strict=True)
@@ -206,23 +342,35 @@ def read_checkpoint(
                 f"{root}: {name} weights do not fit the model ({e}); the trainer is now "
                 "partly loaded and must be rebuilt"
             ) from None
-    return int(manifest["step"]), state, loop_state
+        if name in optimizers:
+            optimizers[name].load_state_dict(state[f"{name}_optimizer"])
 
 
 def export_hf(
-    path: Path, actor: Any, tokenizer: Any, critic: torch.nn.Module | None = None
+    path: Path,
+    actor: Any,
+    tokenizer: Any,
+    critic: torch.nn.Module | None = None,
+    states: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """The actor as a Hugging Face directory (safetensors + config + tokenizer), the critic's
     weights and config under `critic/`. Written beside `path` and renamed over it, so an engine
-    loading `path` never reads a half-written export."""
+    loading `path` never reads a half-written export. `states`: the models' full state dicts
+    (`actor`, `critic`) when the modules themselves are sharded."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
     try:
-        actor.save_pretrained(tmp, safe_serialization=True)
+        actor.save_pretrained(
+            tmp, safe_serialization=True, state_dict=states["actor"] if states else None
+        )
         tokenizer.save_pretrained(tmp)
         if critic is not None:
             (tmp / "critic").mkdir()
-            save_model(critic, str(tmp / "critic" / "model.safetensors"))
+            out = tmp / "critic" / "model.safetensors"
+            if states:
+                save_file({k: v.contiguous() for k, v in states["critic"].items()}, str(out))
+            else:
+                save_model(critic, str(out))
             config: Any = critic.config
             config.save_pretrained(tmp / "critic")
         if path.exists():

@@ -10,6 +10,7 @@ log-softmax for backward; the entropy (a metric, no grad) reuses the same `logsu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -52,19 +53,35 @@ def action_values(critic: Any, mb: MicroBatch) -> torch.Tensor:
 
 @torch.no_grad()
 def all_logprobs(
-    model: Any, mbs: list[MicroBatch], size: int, temperature: float, device: torch.device
+    model: Any,
+    mbs: list[MicroBatch],
+    size: int,
+    temperature: float,
+    device: torch.device,
+    padding: Sequence[MicroBatch] = (),
 ) -> torch.Tensor:
-    """Log-probs over a step's packed layout of `size` tokens (0 off actions). `[N]`"""
+    """Log-probs over a step's packed layout of `size` tokens (0 off actions). `[N]`
+    `padding`: forwards whose outputs are discarded (a sharded trainer's lockstep)."""
     out = torch.zeros(size, dtype=torch.float32, device=device)
     for mb in mbs:
         out[mb.actions] = action_logprobs(model, mb, temperature)[0]
+    for mb in padding:
+        action_logprobs(model, mb, temperature)
     return out
 
 
 @torch.no_grad()
-def all_values(critic: Any, mbs: list[MicroBatch], size: int, device: torch.device) -> torch.Tensor:
+def all_values(
+    critic: Any,
+    mbs: list[MicroBatch],
+    size: int,
+    device: torch.device,
+    padding: Sequence[MicroBatch] = (),
+) -> torch.Tensor:
     """Values over a step's packed layout of `size` tokens (0 off actions). `[N]`"""
     out = torch.zeros(size, dtype=torch.float32, device=device)
     for mb in mbs:
         out[mb.actions] = action_values(critic, mb)
+    for mb in padding:
+        action_values(critic, mb)
     return out

@@ -77,6 +77,13 @@ def build_lr_schedule(
     return ResumableLambdaLR(optimizer, fn)
 
 
+def _global(norm: torch.Tensor) -> float:
+    """A norm over sharded (DTensor) gradients is itself sharded: reduce it to every rank's
+    same float."""
+    full = getattr(norm, "full_tensor", None)
+    return float(full() if full is not None else norm)
+
+
 def optimizer_step(
     optimizer: torch.optim.Optimizer,
     scheduler: LambdaLR | None,
@@ -97,7 +104,7 @@ def optimizer_step(
         else [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     )
     limit = max_grad_norm if max_grad_norm is not None else math.inf
-    norm = float(torch.nn.utils.clip_grad_norm_(params, limit)) if params else 0.0
+    norm = _global(torch.nn.utils.clip_grad_norm_(params, limit)) if params else 0.0
     applied = math.isfinite(norm) and (skip_grad_norm is None or norm <= skip_grad_norm)
     if applied:
         optimizer.step()

@@ -21,6 +21,10 @@ in the loss denominators but is never forwarded, since its gradient is exactly z
 with no signal still steps the optimizer (AdamW's momentum), as training on it would. Phases
 go through `MemoryPhases`, which on CUDA moves the models not in use to the host.
 
+Under a torch process group of several ranks (`tracerl.train.shard`), the models are sharded
+with FSDP2 and each rank is given the same whole batch and trains on its share; the step is the
+one-process step up to float rounding, and checkpoints (DCP) move between rank counts.
+
 Models run in eval mode (no dropout), so the first update's ratio is exactly 1. When the actor
 makes one update per step its old log-probs are that update's own forward (detached); with
 more, they come from a no-grad pass first. Metrics are `dict[str, float]`, grouped by prefix:
@@ -35,7 +39,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -44,14 +48,29 @@ from tracerl.algo.losses import kl_in_reward, kl_per_token
 from tracerl.algo.stats import explained_variance
 from tracerl.config.train import RESUME_SAFE_FIELDS, OptimizerConfig, TrainerConfig
 from tracerl.train import checkpoint as ckpt
-from tracerl.train.batch import Batching, MicroBatch, PackedBatch, TrainSample, micro_batches_for
+from tracerl.train.batch import (
+    Batching,
+    MicroBatch,
+    PackedBatch,
+    SampleError,
+    TrainSample,
+    micro_batches_for,
+)
 from tracerl.train.forward import all_logprobs, all_values
 from tracerl.train.models import load_actor, load_reference, value_model_from_actor
 from tracerl.train.phases import MemoryPhases, Phase, Place
 from tracerl.train.schedule import ResumableLambdaLR, build_lr_schedule
+from tracerl.train.shard import Shard, padding_micro_batch, reshard, shard_model, world
 from tracerl.train.update import ActorTargets, Metrics, token_stats, update_actor, update_critic
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def default_device() -> torch.device:
+    """CUDA when present (a rank's own device under a process group), else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def resolve_batching(batching: str, actor: Any) -> Batching:
@@ -71,9 +90,8 @@ class Trainer:
 
     def __init__(self, config: TrainerConfig, device: str | torch.device | None = None) -> None:
         self.config = config
-        self.device = torch.device(
-            device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu")
-        )
+        self.rank, self.world_size = world()
+        self.device = torch.device(device if device is not None else default_device())
         torch.manual_seed(config.seed)
         random.seed(config.seed)
         dtype = DTYPES[config.dtype]
@@ -87,6 +105,16 @@ class Trainer:
         self.reference = (
             load_reference(self.model_path, dtype=dtype) if config.uses_reference else None
         )
+        self.batching = resolve_batching(config.batching, self.actor)
+        # FSDP2 keeps the models resident and shards them instead of moving them whole.
+        offload = self.device.type == "cuda" and config.offload_models and self.world_size == 1
+        self.phases = MemoryPhases(self._transfer if offload else None)
+        if not offload:
+            for model in self._models().values():
+                model.to(self.device)
+        if self.world_size > 1:  # the optimizers must see the sharded parameters
+            for model in self._models().values():
+                shard_model(model)
         self.actor_optimizer, self.actor_scheduler = self._optimizer(self.actor, config.actor)
         self.critic_optimizer: torch.optim.Optimizer | None = None
         self.critic_scheduler: ResumableLambdaLR | None = None
@@ -94,12 +122,6 @@ class Trainer:
             self.critic_optimizer, self.critic_scheduler = self._optimizer(
                 self.critic, config.critic
             )
-        self.batching = resolve_batching(config.batching, self.actor)
-        offload = self.device.type == "cuda" and config.offload_models
-        self.phases = MemoryPhases(self._transfer if offload else None)
-        if not offload:
-            for model in self._models().values():
-                model.to(self.device)
         self.step_count = 0
 
     # ---- models ---------------------------------------------------------------------------
@@ -149,34 +171,55 @@ class Trainer:
 
     def actor_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         """The actor's parameters by name (detached, not copied), for an in-process engine
-        weight push (`LocalEngine.update_weights` / `EnginePool.update_weights`)."""
+        weight push (`LocalEngine.update_weights` / `EnginePool.update_weights`). Sharded:
+        every rank must call; rank 0 gets the gathered full tensors, the others none."""
+        if self.world_size > 1:
+            return list(self._full_states(actor_only=True)["actor"].items())
         return [(n, p.detach()) for n, p in self.actor.named_parameters(remove_duplicate=False)]
+
+    def _full_states(self, actor_only: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+        """The trained models' full state dicts, gathered from their shards onto rank 0's host
+        memory (a collective: every rank calls; the others get empty dicts)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        models = {"actor": self.actor} if actor_only else self._models(trained_only=True)
+        return {
+            name: cast(dict[str, torch.Tensor], get_model_state_dict(m, options=options))
+            for name, m in models.items()
+        }
 
     # ---- a step ---------------------------------------------------------------------------
 
     def step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
-        """Train on one batch of trajectories; return the step's metrics."""
+        """Train on one batch of trajectories; return the step's metrics. Under a process
+        group every rank is given the same whole batch and trains on its shard of it."""
         started = time.perf_counter()
-        batch = PackedBatch.build(samples, self.device)
+        if not samples:
+            raise SampleError("samples: a step needs at least one sample")
+        shard = Shard.split(samples, self.rank, self.world_size)
+        batch = PackedBatch.build([samples[i] for i in shard.owned], self.device)
         metrics = Metrics()
         generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step_count)
         try:
             if self.config.uses_critic:
-                trained = self._ppo_step(batch, metrics, generator)
+                trained = self._ppo_step(batch, shard, metrics, generator)
             else:
-                trained = self._group_step(batch, metrics, generator)
+                trained = self._group_step(batch, shard, samples, metrics, generator)
         finally:
             self.phases.enter(Phase.IDLE)
         self.step_count += 1
         elapsed = time.perf_counter() - started
-        tokens = sum(batch.lengths[i] for i in trained)
+        tokens = shard.total_of(float(sum(batch.lengths[i] for i in trained)))
+        versions = [s.weight_version for s in samples]
         metrics.set("time/step", elapsed)
-        metrics.set("perf/tokens", float(tokens))
+        metrics.set("perf/tokens", tokens)
         metrics.set("perf/tokens_per_s", tokens / elapsed)
+        metrics.set("perf/trainer_ranks", float(self.world_size))
         metrics.set("step", float(self.step_count))
-        metrics.set("weight_version/min", float(min(batch.weight_versions)))
-        metrics.set("weight_version/max", float(max(batch.weight_versions)))
-        metrics.mean("reward/mean", float(batch.rewards.mean()), batch.size)
+        metrics.set("weight_version/min", float(min(versions)))
+        metrics.set("weight_version/max", float(max(versions)))
+        metrics.mean("reward/mean", float(batch.rewards.sum()) / max(batch.size, 1), batch.size)
         return metrics.result()
 
     @contextlib.contextmanager
@@ -191,28 +234,39 @@ class Trainer:
     def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
         return micro_batches_for(batch, samples, self.config, self.batching)
 
+    def _padding(self, shard: Shard, mbs: list[MicroBatch]) -> list[MicroBatch]:
+        """The forwards this rank adds to `mbs` so that every rank makes as many."""
+        missing = shard.lockstep(len(mbs)) - len(mbs)
+        return [padding_micro_batch(self.device, self.batching)] * missing
+
     def _reference_logprobs(
-        self, batch: PackedBatch, mbs: list[MicroBatch], metrics: Metrics
+        self, batch: PackedBatch, shard: Shard, mbs: list[MicroBatch], metrics: Metrics
     ) -> torch.Tensor | None:
         if self.reference is None:
             return None
         with self._phase(Phase.REFERENCE, "reference", metrics):
             self.phases.require("reference")
-            return all_logprobs(
-                self.reference, mbs, batch.token_ids.numel(), self.config.temperature, self.device
-            )
+            out = all_logprobs(
+                self.reference, mbs, batch.token_ids.numel(), self.config.temperature,
+                self.device, self._padding(shard, mbs),
+            )  # fmt: skip
+            reshard(self.reference)
+            return out
 
     def _behaviour_logprobs(
-        self, batch: PackedBatch, mbs: list[MicroBatch], metrics: Metrics
+        self, batch: PackedBatch, shard: Shard, mbs: list[MicroBatch], metrics: Metrics
     ) -> torch.Tensor:
         with self._phase(Phase.BEHAVIOUR, "behaviour", metrics):
             self.phases.require("actor")
-            return all_logprobs(
-                self.actor, mbs, batch.token_ids.numel(), self.config.temperature, self.device
-            )
+            out = all_logprobs(
+                self.actor, mbs, batch.token_ids.numel(), self.config.temperature,
+                self.device, self._padding(shard, mbs),
+            )  # fmt: skip
+            reshard(self.actor)
+            return out
 
     def _ppo_step(
-        self, batch: PackedBatch, metrics: Metrics, generator: torch.Generator
+        self, batch: PackedBatch, shard: Shard, metrics: Metrics, generator: torch.Generator
     ) -> list[int]:
         cfg = self.config
         assert self.critic is not None and self.critic_optimizer is not None
@@ -220,16 +274,19 @@ class Trainer:
         mbs = self._mbs(batch, samples)
         mask, cu = batch.loss_mask, batch.cu_seqlens
         warmup = self.step_count < cfg.critic_warmup_steps
-        ref = self._reference_logprobs(batch, mbs, metrics)
+        ref = self._reference_logprobs(batch, shard, mbs, metrics)
         old: torch.Tensor | None = None
         # One no-grad actor pass, before the critic phase, serves KL-in-reward and the old
         # log-probs of several actor updates.
         recompute = cfg.kl_reward_coef > 0 and cfg.kl_behavior_logprobs == "recompute"
-        if not warmup and (recompute or self._actor_updates(len(samples)) > 1):
-            old = self._behaviour_logprobs(batch, mbs, metrics)
+        if not warmup and (recompute or self._actor_updates(shard.total) > 1):
+            old = self._behaviour_logprobs(batch, shard, mbs, metrics)
         with self._phase(Phase.CRITIC, "critic", metrics):
             self.phases.require("critic")
-            values = all_values(self.critic, mbs, batch.token_ids.numel(), self.device)
+            values = all_values(
+                self.critic, mbs, batch.token_ids.numel(), self.device, self._padding(shard, mbs)
+            )
+            reshard(self.critic)
             rewards = terminal_rewards(batch.rewards, mask, cu)
             if cfg.kl_reward_coef > 0:
                 assert ref is not None
@@ -247,7 +304,7 @@ class Trainer:
             for name, x in (("value", values), ("return", returns)):
                 metrics.set(f"critic/{name}_mean", token_stats(x, mask)["mean"])
             update_critic(
-                self.critic, self.critic_optimizer, self.critic_scheduler, batch, values,
+                self.critic, self.critic_optimizer, self.critic_scheduler, batch, shard, values,
                 returns, cfg, generator, metrics, self.batching,
             )  # fmt: skip
         if warmup:
@@ -257,39 +314,48 @@ class Trainer:
             advantages = whiten(advantages, mask)
         for key, value in token_stats(advantages, mask).items():
             metrics.set(f"adv/{key}", value)
-        self._train_actor(batch, samples, mbs, advantages, old, ref, metrics, generator)
+        self._train_actor(batch, shard, True, mbs, advantages, old, ref, metrics, generator)
         return samples
 
     def _group_step(
-        self, batch: PackedBatch, metrics: Metrics, generator: torch.Generator
+        self,
+        batch: PackedBatch,
+        shard: Shard,
+        whole: Sequence[TrainSample],
+        metrics: Metrics,
+        generator: torch.Generator,
     ) -> list[int]:
+        """Baselines come from the whole batch (`whole`), which every rank holds; each rank
+        trains on its shard of it."""
         cfg = self.config
-        uniform = uniform_groups(batch.rewards, batch.group_ids)
-        groups = torch.unique(batch.group_ids).numel()
-        uniform_groups_count = torch.unique(batch.group_ids[uniform]).numel()
-        metrics.set("groups/count", float(groups))
-        metrics.set("groups/uniform", float(uniform_groups_count))
+        rewards = torch.tensor([s.reward for s in whole], dtype=torch.float32)
+        group_ids = torch.tensor([s.group_id for s in whole], dtype=torch.int64)
+        uniform = uniform_groups(rewards, group_ids)
+        metrics.set("groups/count", float(torch.unique(group_ids).numel()))
+        metrics.set("groups/uniform", float(torch.unique(group_ids[uniform]).numel()))
         method = cfg.algorithm
         assert method != "ppo"  # a group baseline, narrowed for the type checker
-        per_sample = group_advantages(
-            batch.rewards, batch.group_ids, method, std_normalize=cfg.std_normalize
-        )
-        lengths = torch.tensor(batch.lengths, device=self.device)
-        advantages = torch.repeat_interleave(per_sample.float(), lengths) * batch.loss_mask
-        samples = list(range(batch.size))
+        whole_advantages = group_advantages(
+            rewards, group_ids, method, std_normalize=cfg.std_normalize
+        ).tolist()
         # Without a KL loss, a sample whose advantage is 0 has exactly zero gradient: it stays
         # in the denominators (so the update equals training on it) but is never forwarded.
-        per_sample_values = per_sample.tolist()
-        zero_grad = frozenset(
-            i for i in samples if cfg.kl_loss_coef == 0 and per_sample_values[i] == 0.0
+        zero = [cfg.kl_loss_coef == 0 and a == 0.0 for a in whole_advantages]
+        metrics.set("actor/zero_grad_samples", float(sum(zero)))
+        per_sample = torch.tensor(
+            [whole_advantages[g] for g in shard.owned], dtype=torch.float32, device=self.device
         )
-        computed = [i for i in samples if i not in zero_grad]
-        metrics.set("actor/zero_grad_samples", float(len(zero_grad)))
+        lengths = torch.tensor(batch.lengths, device=self.device)
+        advantages = torch.repeat_interleave(per_sample, lengths) * batch.loss_mask
+        zero_grad = frozenset(i for i, g in enumerate(shard.owned) if zero[g])
+        computed = [i for i in range(batch.size) if i not in zero_grad]
         for key, value in token_stats(advantages, batch.loss_mask).items():
             metrics.set(f"adv/{key}", value)
         mbs = self._mbs(batch, computed) if computed else []
-        ref = self._reference_logprobs(batch, mbs, metrics)
-        self._train_actor(batch, samples, mbs, advantages, None, ref, metrics, generator, zero_grad)
+        ref = self._reference_logprobs(batch, shard, mbs, metrics)
+        self._train_actor(
+            batch, shard, not all(zero), mbs, advantages, None, ref, metrics, generator, zero_grad
+        )
         return computed
 
     def _actor_updates(self, samples: int) -> int:
@@ -299,7 +365,8 @@ class Trainer:
     def _train_actor(
         self,
         batch: PackedBatch,
-        samples: list[int],
+        shard: Shard,
+        forwarded: bool,
         mbs: list[MicroBatch],
         advantages: torch.Tensor,
         old: torch.Tensor | None,
@@ -308,12 +375,14 @@ class Trainer:
         generator: torch.Generator,
         zero_grad: frozenset[int] = frozenset(),
     ) -> None:
-        if old is None and mbs and self._actor_updates(len(samples)) > 1:
-            old = self._behaviour_logprobs(batch, mbs, metrics)
+        """`forwarded`: some rank forwards a sample (not all are zero-gradient), decided from
+        the whole batch so that every rank makes the same passes."""
+        if old is None and forwarded and self._actor_updates(shard.total) > 1:
+            old = self._behaviour_logprobs(batch, shard, mbs, metrics)
         with self._phase(Phase.ACTOR, "actor", metrics):
             self.phases.require("actor")
             update_actor(
-                self.actor, self.actor_optimizer, self.actor_scheduler, batch, samples,
+                self.actor, self.actor_optimizer, self.actor_scheduler, batch, shard,
                 ActorTargets(advantages, old, ref if self.config.kl_loss_coef > 0 else None),
                 self.config, generator, metrics, self.batching, zero_grad,
             )  # fmt: skip
@@ -323,7 +392,6 @@ class Trainer:
     def _checkpoint_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {
             "step": self.step_count,
-            "actor_optimizer": self.actor_optimizer.state_dict(),
             "actor_scheduler": self.actor_scheduler.state_dict(),
             "rng": {
                 "torch": torch.get_rng_state(),
@@ -331,23 +399,30 @@ class Trainer:
                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             },
         }
-        if self.critic_optimizer is not None and self.critic_scheduler is not None:
-            state["critic_optimizer"] = self.critic_optimizer.state_dict()
+        if self.critic_scheduler is not None:
             state["critic_scheduler"] = self.critic_scheduler.state_dict()
         return state
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        out = {"actor": self.actor_optimizer}
+        if self.critic_optimizer is not None:
+            out["critic"] = self.critic_optimizer
+        return out
 
     def save_checkpoint(
         self, directory: str | Path, loop_state: bytes | dict[str, Any] | None = None
     ) -> Path:
         """Save everything a resume needs under `directory/step_<step>` (atomically), keep the
         newest `keep_last_n`; `loop_state` (bytes, or a JSON-able dict) comes back from
-        `load_checkpoint` as it was given. Returns the checkpoint's path."""
+        `load_checkpoint` as it was given. Returns the checkpoint's path. Sharded: every rank
+        calls (each writes its shards), into a directory they all see."""
         self.phases.require_idle("save_checkpoint")
         return ckpt.write_checkpoint(
             directory,
             self.step_count,
             self.config.model_dump(mode="json"),
             self._models(trained_only=True),
+            self._optimizers(),
             self._checkpoint_state(),
             loop_state,
             self.config.keep_last_n,
@@ -355,7 +430,8 @@ class Trainer:
 
     def load_checkpoint(self, path: str | Path) -> bytes | dict[str, Any] | None:
         """Restore a checkpoint: `path` is one (`.../step_00000042`) or a directory of them
-        (the newest is taken). Returns the loop state it was saved with."""
+        (the newest is taken), saved on any number of ranks. Returns the loop state it was
+        saved with."""
         self.phases.require_idle("load_checkpoint")
         root = Path(path)
         if not root.exists():
@@ -369,12 +445,11 @@ class Trainer:
             root,
             self.config.model_dump(mode="json"),
             self._models(trained_only=True),
+            self._optimizers(),
             RESUME_SAFE_FIELDS,
         )
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.actor_scheduler.load_state_dict(state["actor_scheduler"])
-        if self.critic_optimizer is not None and self.critic_scheduler is not None:
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        if self.critic_scheduler is not None:
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
@@ -385,9 +460,19 @@ class Trainer:
 
     def export(self, path: str | Path) -> Path:
         """Write the actor as a Hugging Face directory (safetensors, config, tokenizer) that
-        engines load, and the critic under `critic/`; atomically replaces `path`."""
+        engines load, and the critic under `critic/`; atomically replaces `path`. Sharded:
+        every rank calls (the weights are gathered), rank 0 writes."""
         self.phases.require_idle("export")
-        return ckpt.export_hf(Path(path), self.actor, self.tokenizer, self.critic)
+        if self.world_size == 1:
+            return ckpt.export_hf(Path(path), self.actor, self.tokenizer, self.critic)
+        states = self._full_states()
+        return Path(
+            ckpt.on_rank_zero(
+                lambda: str(
+                    ckpt.export_hf(Path(path), self.actor, self.tokenizer, self.critic, states)
+                )
+            )
+        )
 
 
 def latest_checkpoint(directory: str | Path) -> Path | None:

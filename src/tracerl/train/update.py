@@ -26,6 +26,7 @@ from tracerl.config.train import TrainerConfig
 from tracerl.train.batch import Batching, MicroBatch, PackedBatch, micro_batches_for
 from tracerl.train.forward import action_logprobs, action_values
 from tracerl.train.schedule import optimizer_step
+from tracerl.train.shard import Shard, padding_micro_batch, reshard
 
 
 @dataclass
@@ -123,9 +124,11 @@ def shuffled_parts(
 
 
 def denominator(batch: PackedBatch, part: Sequence[int], agg: str) -> torch.Tensor:
-    """The one denominator of an update: action tokens (token_mean) or trajectories, all ranks."""
+    """The one denominator of an update: action tokens (token_mean) or trajectories, all ranks
+    (a rank's share of a mini-batch may be empty)."""
     if agg == "token_mean":
-        return global_token_count(batch.loss_mask[batch.token_index(part)])
+        mask = batch.loss_mask[batch.token_index(part)] if part else batch.loss_mask[:0]
+        return global_token_count(mask)
     count = torch.tensor(float(len(part)), dtype=torch.float64)
     return all_reduce_sum(count).clamp_min(1.0)
 
@@ -142,17 +145,23 @@ def _update(
     prefix: str,
     metrics: Metrics,
     batching: Batching,
+    shard: Shard,
+    padding: Callable[[], None],
     zero_grad: frozenset[int] = frozenset(),
 ) -> None:
     optim = config.actor if prefix == "actor" else config.critic
+    reshard(model)  # after no-grad passes, the sharded parameters are the ones to update
     params = [p for p in model.parameters() if p.requires_grad]
     skipped, norms = 0, []
     for index, part in enumerate(parts):
         denom = denominator(batch, part, agg)
         computed = [i for i in part if i not in zero_grad]
-        if computed:
-            for mb in micro_batches_for(batch, computed, config, batching):
-                backward(mb, denom, index)
+        mbs = micro_batches_for(batch, computed, config, batching) if computed else []
+        missing = shard.lockstep(len(mbs)) - len(mbs)  # agreed before any rank's forward
+        for mb in mbs:
+            backward(mb, denom, index)
+        for _ in range(missing):
+            padding()
         for p in params:  # what a forward of the zero-gradient samples would have left
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -180,7 +189,7 @@ def update_actor(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     batch: PackedBatch,
-    samples: Sequence[int],
+    shard: Shard,
     targets: ActorTargets,
     config: TrainerConfig,
     generator: torch.Generator,
@@ -189,15 +198,24 @@ def update_actor(
     zero_grad: frozenset[int] = frozenset(),
 ) -> None:
     """PPO-clip updates of the actor (with TIS against the rollout log-probs, and the KL loss
-    when configured) over `samples` of `batch`.
+    when configured) over this rank's `shard` of the step's samples (`batch`).
 
     `zero_grad`: samples whose gradient is exactly zero (advantage 0 on every action token and
     no KL loss). They count in the loss denominators as if trained, but are never forwarded:
     the update is the one training on them would make, without their compute."""
-    parts = shuffled_parts(samples, config.actor.mini_batches, config.actor.epochs, generator)
-    if targets.old_logprobs is None and len(parts) > 1 and set(samples) - zero_grad:
+    parts = shard.localize(
+        shuffled_parts(
+            range(shard.total), config.actor.mini_batches, config.actor.epochs, generator
+        )
+    )
+    if targets.old_logprobs is None and len(parts) > 1 and set(range(batch.size)) - zero_grad:
         raise ValueError("old_logprobs: required when the actor makes more than one update")
     first_pass = len(parts) // config.actor.epochs
+    pad_mb = padding_micro_batch(batch.token_ids.device, batching)
+
+    def padding() -> None:
+        lp, _ = action_logprobs(actor, pad_mb, config.temperature)
+        (lp.sum() * 0).backward()
 
     def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
         lp, entropy = action_logprobs(actor, mb, config.temperature, with_entropy=True)
@@ -237,7 +255,7 @@ def update_actor(
 
     _update(
         actor, optimizer, scheduler, batch, parts, config, config.loss_agg, backward,
-        "actor", metrics, batching, zero_grad,
+        "actor", metrics, batching, shard, padding, zero_grad,
     )  # fmt: skip
 
 
@@ -246,6 +264,7 @@ def update_critic(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     batch: PackedBatch,
+    shard: Shard,
     old_values: torch.Tensor,
     returns: torch.Tensor,
     config: TrainerConfig,
@@ -253,9 +272,17 @@ def update_critic(
     metrics: Metrics,
     batching: Batching,
 ) -> None:
-    """Clipped value-loss updates of the critic toward `returns` `[N]` over the whole batch."""
-    samples = list(range(batch.size))
-    parts = shuffled_parts(samples, config.critic.mini_batches, config.critic.epochs, generator)
+    """Clipped value-loss updates of the critic toward `returns` `[N]` over this rank's `shard`
+    of the step's samples (`batch`)."""
+    parts = shard.localize(
+        shuffled_parts(
+            range(shard.total), config.critic.mini_batches, config.critic.epochs, generator
+        )
+    )
+    pad_mb = padding_micro_batch(batch.token_ids.device, batching)
+
+    def padding() -> None:
+        (action_values(critic, pad_mb).sum() * 0).backward()
 
     def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
         values = action_values(critic, mb)
@@ -269,5 +296,5 @@ def update_critic(
 
     _update(
         critic, optimizer, scheduler, batch, parts, config, "token_mean", backward,
-        "critic", metrics, batching,
+        "critic", metrics, batching, shard, padding,
     )  # fmt: skip

@@ -1,14 +1,16 @@
 import copy
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM
 
 from tracerl.engine.weights import copy_weights, read_weights_dir
-from tracerl.train.checkpoint import CheckpointError, list_checkpoints
+from tracerl.train.checkpoint import CheckpointError, _digest, list_checkpoints
 from tracerl.train.models import load_value_model
 from tracerl.train.trainer import Trainer, latest_checkpoint
 
@@ -81,12 +83,13 @@ def test_a_torn_or_corrupt_checkpoint_fails_before_loading_anything(
     with pytest.raises(CheckpointError, match="no manifest.json"):
         fresh.load_checkpoint(torn)
 
-    data = (good / "critic.safetensors").read_bytes()
-    (good / "critic.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="critic.safetensors does not match its manifest"):
+    shards = good / "model" / "__0_0.distcp"  # every model's and optimizer's tensors
+    data = shards.read_bytes()
+    shards.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="model/__0_0.distcp does not match its manifest"):
         fresh.load_checkpoint(root)
-    (good / "critic.safetensors").unlink()
-    with pytest.raises(CheckpointError, match="critic.safetensors is missing"):
+    shards.unlink()
+    with pytest.raises(CheckpointError, match="model/__0_0.distcp is missing"):
         fresh.load_checkpoint(good)
     assert fresh.step_count == 0
     for name, tensor in fresh.actor.state_dict().items():
@@ -146,3 +149,34 @@ def test_export_is_a_model_directory_engines_load(
         assert torch.equal(pushed.state_dict()[name], tensor), name
     trainer.export(out)  # replacing an export in place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_a_checkpoint_of_the_previous_format_still_resumes(
+    make_trainer: MakeTrainer, tmp_path: Path
+) -> None:
+    """Format 1 (before sharded trainers): weights in safetensors, optimizers in state.pt."""
+    trainer = make_trainer(algorithm="ppo")
+    trainer.step(make_samples(0, count=4))
+    old = tmp_path / "step_00000001"
+    old.mkdir()
+    for name, model in (("actor", trainer.actor), ("critic", trainer.critic)):
+        assert model is not None
+        save_model(model, str(old / f"{name}.safetensors"))
+    state = trainer._checkpoint_state()
+    state["actor_optimizer"] = trainer.actor_optimizer.state_dict()
+    assert trainer.critic_optimizer is not None
+    state["critic_optimizer"] = trainer.critic_optimizer.state_dict()
+    torch.save(state, old / "state.pt")
+    files = {
+        f.name: {"bytes": f.stat().st_size, "sha256": _digest(f)} for f in sorted(old.iterdir())
+    }
+    manifest = {
+        "format": 1, "step": 1, "config": trainer.config.model_dump(mode="json"),
+        "loop_state": None, "files": files,
+    }  # fmt: skip
+    (old / "manifest.json").write_text(json.dumps(manifest))
+
+    resumed = make_trainer(algorithm="ppo")
+    assert resumed.load_checkpoint(tmp_path) is None and resumed.step_count == 1
+    batch = make_samples(1, count=4)
+    assert watched(resumed.step(batch)) == watched(trainer.step(batch))

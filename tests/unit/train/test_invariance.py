@@ -10,6 +10,7 @@ import torch
 
 from tracerl.train.batch import Batching, PackedBatch
 from tracerl.train.models import value_model_from_actor
+from tracerl.train.shard import Shard
 from tracerl.train.update import ActorTargets, Metrics, update_actor, update_critic
 
 from .conftest import config, make_samples
@@ -53,11 +54,14 @@ def run(
             old_logprobs=None,
             ref_logprobs=batch.rollout_logprobs + 0.1 * batch.loss_mask,
         )
-        update_actor(model, opt, None, batch, range(6), targets, cfg, g, metrics, batching)
+        update_actor(model, opt, None, batch, Shard.whole(6), targets, cfg, g, metrics, batching)
         loss = metrics.result()["actor/policy_loss"] + metrics.result()["actor/kl_loss"]
     else:
         returns = (noise + 1) * batch.loss_mask
-        update_critic(model, opt, None, batch, 0.5 * returns, returns, cfg, g, metrics, batching)
+        update_critic(
+            model, opt, None, batch, Shard.whole(6), 0.5 * returns, returns, cfg, g, metrics,
+            batching,
+        )  # fmt: skip
         loss = metrics.result()["critic/value_loss"]
     assert len(opt.seen) == 1
     return loss, opt.seen[0]

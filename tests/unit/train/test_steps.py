@@ -174,6 +174,7 @@ def test_kept_uniform_groups_cost_no_compute_and_change_nothing(
 
     # The reference: the same step with every sample forwarded, through the update itself.
     from tracerl.train.batch import PackedBatch
+    from tracerl.train.shard import Shard
     from tracerl.train.update import ActorTargets, Metrics, update_actor
 
     full = make_trainer(algorithm="grpo", actor=actor)
@@ -190,7 +191,7 @@ def test_kept_uniform_groups_cost_no_compute_and_change_nothing(
         old = all_logprobs(full.actor, mbs, batch.token_ids.numel(), 1.0, torch.device("cpu"))
     generator = torch.Generator().manual_seed(full.config.seed * 1_000_003)
     update_actor(
-        full.actor, full.actor_optimizer, None, batch, list(range(6)),
+        full.actor, full.actor_optimizer, None, batch, Shard.whole(6),
         ActorTargets(advantages, old, None), full.config, generator, Metrics(), full.batching,
     )  # fmt: skip
     moved = 0
