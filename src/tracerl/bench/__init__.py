@@ -20,6 +20,7 @@ BENCHMARKS = {
     "train": "tracerl.bench.train",
     "learn": "tracerl.bench.learn",
     "step": "tracerl.bench.step",
+    "scale": "tracerl.bench.scale",
 }
 
 VLLM_VARIANTS = {"engine": "tracerl.bench.engine_vllm", "gateway": "tracerl.bench.gateway_vllm"}

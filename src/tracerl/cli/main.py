@@ -125,6 +125,20 @@ def _cmd_plot(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+def _cmd_cluster(args: argparse.Namespace, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"cluster status takes no overrides, got {overrides}")
+    from pathlib import Path
+
+    from tracerl.cluster import status
+
+    try:
+        print(status.render(status.read(Path(args.run_dir))))
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     if overrides:
         raise ConfigError(f"bench takes no overrides, got {overrides}")
@@ -207,6 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="PNG charts of a run (reward, losses, KL, throughput)")
     plot.add_argument("run_dir", help="a run directory with metrics.jsonl")
     plot.set_defaults(func=_cmd_plot)
+
+    cluster = sub.add_parser("cluster", help="what a run's trainer ranks and engines run on")
+    cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True)
+    cluster_status = cluster_sub.add_parser(
+        "status", help="a run's trainer ranks and engines: where, alive, weight version"
+    )
+    cluster_status.add_argument("run_dir", help="a run directory (written while the run goes)")
+    cluster_status.set_defaults(func=_cmd_cluster)
 
     bench = sub.add_parser("bench", help="run a benchmark; the last line is one JSON object")
     bench.add_argument("name", choices=list(BENCHMARKS))

@@ -11,6 +11,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, model_validator
 
 from tracerl.config.base import Config
+from tracerl.config.cluster import ClusterConfig
 from tracerl.config.control import OrchestratorConfig
 from tracerl.config.engine import EngineConfig
 from tracerl.config.envs import DatasetConfig, EnvConfig
@@ -103,6 +104,8 @@ class TrainCommandConfig(Config):
     system_prompt: str | None = None
     """Prepended by the gateway to every session (recorded like any prompt token)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    """Where the trainer ranks and engines run: this process, or a Ray cluster."""
 
     @model_validator(mode="before")
     @classmethod
@@ -131,6 +134,18 @@ class TrainCommandConfig(Config):
                     "trains nothing after it; leave total_steps unset to follow loop.steps, or "
                     f"set trainer.{name}.min_lr_ratio"
                 )
+        ranks = self.cluster.trainer.ranks
+        if ranks > 1 and self.cluster.backend != "ray":
+            raise ValueError(
+                f"cluster.trainer.ranks is {ranks} but cluster.backend is 'local': trainer "
+                "ranks are placed by Ray (cluster.backend = 'ray')"
+            )
+        if ranks > self.orchestrator.batch_size:
+            raise ValueError(
+                f"cluster.trainer.ranks ({ranks}) is above orchestrator.batch_size "
+                f"({self.orchestrator.batch_size}): each rank trains on at least one trajectory "
+                "of a step"
+            )
         if self.eval.every and self.eval_dataset is None:
             raise ValueError("eval.every is set but eval_dataset is not")
         if self.trainer.algorithm != "ppo" and self.orchestrator.group_size < 2:

@@ -24,13 +24,14 @@ import logging
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tracerl.config import ConfigError, EngineConfig, PoolConfig
 from tracerl.engine.client import EngineClient
 from tracerl.engine.protocol import Engine
-from tracerl.rollout.launcher import EngineStartError, ProcessLauncher
+from tracerl.rollout.launcher import EngineLauncher, EngineStartError, ProcessLauncher
 from tracerl.rollout.pool import EnginePool, Member
 
 log = logging.getLogger(__name__)
@@ -159,11 +160,43 @@ def check_installed(config: EngineConfig) -> None:
         )
 
 
+LauncherFactory = Callable[[int, Callable[[str], Engine]], EngineLauncher]
+"""`(index, client factory) -> launcher` of one launched engine."""
+
+
+def process_launcher(
+    config: EngineConfig,
+    model_dir: Path,
+    log_path: Path,
+    name: str,
+    make: Callable[[str], Engine],
+) -> ProcessLauncher:
+    """One `config.backend` server on a free port of 127.0.0.1 of this machine, ready when it
+    has generated a token through a `make(url)` client."""
+    port = free_port()
+    argv, env = launch_command(config, model_dir, port)
+    log.info("%s: %s", name, " ".join(argv))
+    return ProcessLauncher(
+        argv,
+        f"http://127.0.0.1:{port}",
+        config.ready_timeout_s,
+        env=env,
+        log_path=log_path,
+        ready=_generates(make),
+        name=name,
+    )
+
+
 async def start_pool(
-    config: EngineConfig, model_dir: Path, log_dir: Path, pool: PoolConfig
+    config: EngineConfig,
+    model_dir: Path,
+    log_dir: Path,
+    pool: PoolConfig,
+    launcher_for: LauncherFactory | None = None,
 ) -> EnginePool:
     """A started pool of `config.backend` engines: `config.urls` attached, or `config.count`
-    launched serving `model_dir`. `ConfigError` if they cannot be reached or started."""
+    launched serving `model_dir` (by `launcher_for`, e.g. as Ray actors; default: processes of
+    this machine). `ConfigError` if they cannot be reached or started."""
     timeout = pool.request_timeout_s
 
     def make(url: str) -> Engine:
@@ -180,24 +213,15 @@ async def start_pool(
                     f"engine.urls: cannot reach the {config.backend} engine at {member.name}: {e}"
                 ) from None
     else:
-        check_installed(config)
-        launchers = []
-        for i in range(config.count):
-            port = free_port()
-            argv, env = launch_command(config, model_dir, port)
-            url = f"http://127.0.0.1:{port}"
-            launchers.append(
-                ProcessLauncher(
-                    argv,
-                    url,
-                    config.ready_timeout_s,
-                    env=env,
-                    log_path=log_dir / f"engine-{i}.log",
-                    ready=_generates(make),
-                    name=f"{config.backend} engine {i}",
-                )
-            )
-        log.info("launching %d %s engine(s): %s", config.count, config.backend, " ".join(argv))
+        if launcher_for is None:
+            check_installed(config)
+
+            def launcher_for(i: int, make: Callable[[str], Engine]) -> EngineLauncher:
+                name = f"{config.backend} engine {i}"
+                return process_launcher(config, model_dir, log_dir / f"engine-{i}.log", name, make)
+
+        launchers = [launcher_for(i, make) for i in range(config.count)]
+        log.info("launching %d %s engine(s) serving %s", config.count, config.backend, model_dir)
         try:
             engines = await EnginePool.launch(launchers, config=pool, client=make)
         except EngineStartError as e:

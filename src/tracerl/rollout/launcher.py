@@ -8,17 +8,20 @@ generation: a server that answers `/health` may still fail on its first request)
 treats every kind of launched engine the same way.
 
 The process runs in a session of its own and is stopped as a process group: vLLM and SGLang
-fork workers that would outlive their parent. Its output goes to `log_path` when given (the
-file named in every start-up error), else is read and discarded.
+fork workers that would outlive their parent. It is also sent SIGTERM if the launching process
+dies without stopping it (Linux's parent-death signal). Its output goes to `log_path` when
+given (the file named in every start-up error), else is read and discarded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import re
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -26,6 +29,8 @@ from typing import IO, Any, Protocol
 import aiohttp
 
 _URL = re.compile(rb"http://127\.0\.0\.1:\d+")
+
+PR_SET_PDEATHSIG = 1  # prctl(2) option: a signal for the child when its parent dies
 
 STOP_GRACE_S = 20.0
 """How long a stopped engine may take to exit after SIGTERM before its group is killed."""
@@ -78,6 +83,7 @@ class ProcessLauncher:
             stderr=asyncio.subprocess.STDOUT,
             env={**os.environ, **self.env} if self.env else None,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         assert self.process.stdout is not None
         found: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -184,6 +190,16 @@ class ProcessLauncher:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the launching process dies, however it dies (a
+    Ray actor killed, a driver's kill -9), so no server outlives what supervises it. Linux
+    only; elsewhere the stop path alone ends the server."""
+    if sys.platform != "linux":
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

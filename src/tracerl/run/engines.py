@@ -5,6 +5,8 @@ step's weights. Split from `loop.py`, which calls these at start-up and after ev
   this process and take the trainer's tensors in process.
 - Servers (any other backend, or `engine.urls`) are launched or attached by
   `tracerl.rollout.backends`; they load the actor the trainer exports to `RUN_DIR/weights/`.
+- On Ray (`cluster.backend = "ray"`) every engine is a server (the embedded engine as
+  `tracerl engine`), launched by an actor of its own (`tracerl.cluster.engine_actor`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from tracerl.config import TrainCommandConfig
 
 if TYPE_CHECKING:
     from tracerl.rollout.pool import EnginePool
-    from tracerl.train.trainer import Trainer
+    from tracerl.run.trainers import AnyTrainer as Trainer
 
 
 def served(config: TrainCommandConfig, given: dict[str, Any] | None) -> bool:
     """The engines are servers the pool launches or attaches to (vLLM, SGLang, ...)."""
     engine = config.engine
-    return given is None and (engine.backend != "local" or bool(engine.urls))
+    on_ray = config.cluster.backend == "ray"
+    return given is None and (engine.backend != "local" or bool(engine.urls) or on_ray)
 
 
 def shares_cpu(config: TrainCommandConfig, given: dict[str, Any] | None, trainer: Trainer) -> bool:
@@ -59,7 +62,15 @@ async def start(
         # a resumed run's engines start on its trained weights, a new run's on the base
         base = await export(trainer, run_dir) if step else resolve_model(config.trainer.model)
         logs = backend_log_dir(config.engine, run_dir / "logs")
-        pool = await start_pool(config.engine, base, logs, config.pool)
+        launcher_for = None
+        if config.cluster.backend == "ray":
+            from tracerl.cluster.engine_actor import RayEngineLauncher
+
+            def launcher_for(i: int, _: Any) -> RayEngineLauncher:
+                log_path = logs / f"engine-{i}.log"
+                return RayEngineLauncher(config.engine, config.cluster.engines, base, log_path, i)
+
+        pool = await start_pool(config.engine, base, logs, config.pool, launcher_for)
         closers.append(pool.close)
         return pool
     from tracerl.engine.local import LocalEngine

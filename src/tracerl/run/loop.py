@@ -49,13 +49,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracerl.cluster import status as cluster_status
 from tracerl.config import ConfigError
 from tracerl.config.run import TrainCommandConfig
 from tracerl.control.collector import MetricsCollector
 from tracerl.control.controller import ConcurrencyController, Kind
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, Finished
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
-from tracerl.run import engines
+from tracerl.run import engines, trainers
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout
@@ -67,7 +68,7 @@ if TYPE_CHECKING:  # torch and the servers load in _start, after the config is c
     from tracerl.gateway.server import Gateway
     from tracerl.gateway.store import SQLiteTraceStore
     from tracerl.rollout.pool import EnginePool
-    from tracerl.train.trainer import Trainer
+    from tracerl.run.trainers import AnyTrainer
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class RLLoop:
     # event loop): the trainer, the engines behind the pool, the store and the gateway, the
     # episodes' side (environment, datasets, runner, group buffer), the dispatcher with the
     # controller and the metrics collector, and the logs with the evals.
-    trainer: Trainer
+    trainer: AnyTrainer
     pool: EnginePool
     store: SQLiteTraceStore
     gateway: Gateway
@@ -128,13 +129,13 @@ class RLLoop:
     evals: Evals
 
     async def _start(self) -> None:
-        from tracerl.train.trainer import Trainer
-
-        self.trainer = await asyncio.to_thread(Trainer, self.config.trainer)
+        trainers.connect(self.config, self.closers)  # Ray, when placed there: nothing runs yet
+        self.trainer = await asyncio.to_thread(trainers.build, self.config, self.closers)
         loop_state = await self._resume() if self.resume else {}
         self.pool = await engines.start(
             self.config, self._given_engines, self.trainer, self.run_dir, self.step, self.closers
         )
+        self._record_cluster()
         await self._start_gateway()
         self._start_episodes(loop_state)
         await self._start_control(loop_state)
@@ -353,6 +354,12 @@ class RLLoop:
                 if k == 0:  # counted as outstanding from its first episode on
                     self.buffer.open(group)
 
+    def _record_cluster(self) -> dict[str, float]:
+        """What runs where now, in RUN_DIR/cluster.json; its gauges for the metrics line."""
+        record = cluster_status.snapshot(self.config.cluster.backend, self.trainer, self.pool)
+        cluster_status.write(self.run_dir, record)
+        return cluster_status.gauges(record)
+
     def _dispatch_gauges(self) -> dict[str, float]:
         """In flight by kind, and how many weight versions the in-flight train episodes lag
         (they began on the weights of the step they were admitted at)."""
@@ -530,6 +537,7 @@ class RLLoop:
                         record["engine/generation_tokens_per_s"] = generation[0]
                     record.update(self.controller.gauges())
                     record.update(self._dispatch_gauges())
+                    record.update(self._record_cluster())
                     record.update({f"loop/{k}": v for k, v in self.buffer.counters.items()})
                     if self.step % self.config.loop.checkpoint_every == 0:
                         await self._checkpoint()

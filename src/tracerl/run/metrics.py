@@ -130,6 +130,7 @@ class Progress:
             f"step {step}/{self.total}  reward {record.get('rollout/reward_mean', 0.0):.3f}  "
             f"tok/s {_generation_rate(record):.0f}  "
             f"cap {int(record.get('concurrency/cap', 0))}  "
+            + _placement(record)
             + (f"eval {self.eval_accuracy:.3f}  " if self.eval_accuracy is not None else "")
             + f"elapsed {_clock(elapsed)}  eta {_clock(eta)}"
         )
@@ -138,6 +139,18 @@ class Progress:
         else:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
+
+
+def _placement(record: dict[str, Any]) -> str:
+    """Ranks and engines alive, once there is more than one of either."""
+    ranks = int(record.get("cluster/trainer_ranks", 1))
+    engines, active = (
+        int(record.get("cluster/engines", 1)),
+        int(record.get("cluster/engines_active", 1)),
+    )
+    if ranks <= 1 and engines <= 1:
+        return ""
+    return f"ranks {ranks}  engines {active}/{engines}  "
 
 
 def _generation_rate(record: dict[str, Any]) -> float:

@@ -1,0 +1,134 @@
+"""Engine servers as Ray actors: each actor launches one `engine.backend` server on its node
+(the same command and readiness check as a server launched on this machine,
+`tracerl.rollout.backends.process_launcher`) and lives as long as it.
+
+`RayEngineLauncher` is the pool's `EngineLauncher` for one of them: `start` places a fresh
+actor and returns its server's URL once it has generated a token; `alive` is false once the
+server has exited or the actor has died (killed, or its node lost). The pool then does what it
+does for any launched engine: takes it out of rotation, resumes its requests elsewhere, and
+replaces it (`stop`, then `start`: a new actor) at the current weights. The server dies with
+its actor (the launcher's parent-death signal), so killing an actor leaves no server behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from tracerl.cluster.ray_cluster import cause, import_ray, reservation
+from tracerl.config.cluster import RoleResources
+from tracerl.config.engine import EngineConfig
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 30.0
+"""How long a stopped actor may take to stop its server before it is killed."""
+
+
+class EngineServer:
+    """One engine server and its supervision (a Ray actor)."""
+
+    def __init__(self) -> None:
+        self.launcher: Any = None
+
+    async def start(self, config: dict[str, Any], model_dir: str, log_path: str, name: str) -> str:
+        from tracerl.rollout.backends import client_for, process_launcher
+
+        engine = EngineConfig.model_validate(config)
+
+        def make(url: str) -> Any:
+            return client_for(engine, url, engine.ready_timeout_s)
+
+        self.launcher = process_launcher(engine, Path(model_dir), Path(log_path), name, make)
+        url: str = await self.launcher.start()
+        return url
+
+    async def wait(self) -> int | None:
+        """Returns when the server exits (its exit code)."""
+        process = self.launcher.process
+        return int(await process.wait()) if process is not None else None
+
+    async def stop(self) -> None:
+        if self.launcher is not None:
+            await self.launcher.stop()
+
+    def where(self) -> dict[str, Any]:
+        """The node, the server's process and this actor's."""
+        import ray
+
+        node = ray.get_runtime_context().get_node_id()
+        return {"node_id": node, "pid": self.launcher.pid, "actor_pid": os.getpid()}
+
+
+class RayEngineLauncher:
+    """The pool's launcher of engine `index` as a Ray actor (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        resources: RoleResources,
+        model_dir: Path,
+        log_path: Path,
+        index: int,
+    ) -> None:
+        self.config = config
+        self.resources = resources
+        self.model_dir = model_dir
+        self.log_path = log_path
+        self.name = f"{config.backend} engine {index} (Ray actor)"
+        self.ready_timeout_s = config.ready_timeout_s
+        self.actor: Any = None
+        self.exited: Any = None
+        self.placement: dict[str, Any] = {}
+
+    async def start(self) -> str:
+        ray = import_ray()
+        r = self.resources
+        self.actor = (
+            ray.remote(EngineServer)
+            .options(
+                num_cpus=r.num_cpus,
+                num_gpus=r.num_gpus,
+                resources=dict(r.resources),
+                max_restarts=0,
+                max_concurrency=4,  # start/wait/stop/where at once
+            )
+            .remote()
+        )
+        args = (self.config.model_dump(mode="json"), str(self.model_dir), str(self.log_path))
+        try:
+            url: str = await self.actor.start.remote(*args, self.name)
+        except Exception as e:
+            await self.stop()
+            from tracerl.rollout.launcher import EngineStartError
+
+            raise EngineStartError(f"{self.name}: {cause(e)}") from None
+        self.exited = self.actor.wait.remote()
+        self.placement = await self.actor.where.remote()
+        return url
+
+    async def stop(self) -> None:
+        if self.actor is None:
+            return
+        ray = import_ray()
+        actor, self.actor, self.exited = self.actor, None, None
+        try:
+            ref = actor.stop.remote()
+            ready, _ = ray.wait([ref], timeout=STOP_TIMEOUT_S)
+            if ready:
+                ray.get(ready[0])
+        except Exception as e:  # a dead actor has nothing left to stop; it is killed below
+            log.info("%s: stop failed (%s); killing the actor", self.name, cause(e))
+        ray.kill(actor, no_restart=True)
+
+    def alive(self) -> bool:
+        if self.actor is None or self.exited is None:
+            return False
+        ray = import_ray()
+        done, _ = ray.wait([self.exited], timeout=0)
+        return not done
+
+    def reservation(self) -> dict[str, float]:
+        return reservation(self.resources)

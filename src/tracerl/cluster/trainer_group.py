@@ -1,0 +1,198 @@
+"""The trainer ranks as Ray actors: one `Trainer` per rank inside one torch process group (gloo
+on CPUs, nccl on GPUs), the models sharded with FSDP2 (`tracerl.train.shard`).
+
+`RayTrainer` is what the loop drives in place of a `Trainer`: the same `step`, checkpoint and
+export calls, each made on every rank with the same arguments (the whole batch goes through
+Ray's object store once), rank 0's result returned. The ranks are placed by one placement group
+(`cluster.trainer.strategy`), rank 0 on its first bundle; rank 0's node hosts the process
+group's rendezvous.
+
+A rank that dies (or raises) fails the call on every rank: the group is torn down, since its
+peers would wait in a collective until gloo's timeout, and `TrainerRankError` says which rank
+and what happened. The run stops there; `--resume` continues from its last checkpoint.
+Checkpoints and exports are written by the ranks, so their directories must be ones every
+rank's node sees (one machine, or a shared filesystem).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tracerl.cluster.ray_cluster import (
+    cause,
+    cpu_threads,
+    import_ray,
+    reservation,
+    wait_placed,
+)
+from tracerl.config.cluster import ClusterConfig
+from tracerl.config.train import TrainerConfig
+from tracerl.train.checkpoint import CheckpointError
+
+log = logging.getLogger(__name__)
+
+SETUP_TIMEOUT_S = 300.0
+"""A rank's share of forming the process group and loading its models."""
+
+
+class TrainerRankError(RuntimeError):
+    """A trainer rank died or failed; the message names it. The group is gone."""
+
+
+class TrainerRank:
+    """One rank (a Ray actor): joins the process group, then holds a `Trainer`."""
+
+    def __init__(self, config: dict[str, Any], rank: int, world_size: int, threads: int) -> None:
+        self.config = TrainerConfig.model_validate(config)
+        self.rank, self.world_size = rank, world_size
+        torch.set_num_threads(threads)
+        self.trainer: Any = None
+
+    def rendezvous(self) -> str:
+        """`host:port` on this node for the process group's store (rank 0 only)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return f"{host}:{s.getsockname()[1]}"
+
+    def setup(self, address: str, timeout_s: float) -> dict[str, Any]:
+        import ray
+
+        from tracerl.models import resolve_model
+        from tracerl.train.shard import join_process_group
+        from tracerl.train.trainer import Trainer
+
+        resolve_model(self.config.model)  # before the group: transformers saves on rank 0 only
+        join_process_group(address, self.rank, self.world_size, timeout_s=timeout_s)
+        self.trainer = Trainer(self.config)
+        return {
+            "rank": self.rank,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "device": str(self.trainer.device),
+        }
+
+    def step(self, samples: list[Any]) -> dict[str, float]:
+        metrics: dict[str, float] = self.trainer.step(samples)
+        return metrics
+
+    def save_checkpoint(self, directory: str, loop_state: Any) -> str:
+        return str(self.trainer.save_checkpoint(directory, loop_state))
+
+    def load_checkpoint(self, path: str) -> Any:
+        return self.trainer.load_checkpoint(path)
+
+    def export(self, path: str) -> str:
+        return str(self.trainer.export(path))
+
+    def step_count(self) -> int:
+        return int(self.trainer.step_count)
+
+
+class RayTrainer:
+    """A `Trainer` to the loop, whose ranks are Ray actors (see the module docstring)."""
+
+    def __init__(self, config: TrainerConfig, cluster: ClusterConfig) -> None:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from transformers import AutoTokenizer
+
+        from tracerl.models import resolve_model
+
+        ray = import_ray()
+        self.config = config
+        role = cluster.trainer
+        self.world_size = role.ranks
+        self.group = placement_group([reservation(role)] * role.ranks, strategy=role.strategy)
+        wait_placed(self.group, "trainer", cluster.ready_timeout_s)
+        options: dict[str, Any] = {
+            "num_cpus": role.num_cpus,
+            "num_gpus": role.num_gpus,
+            "max_restarts": 0,
+        }
+        remote = ray.remote(TrainerRank)
+        threads = cpu_threads(role)
+        self.ranks = [
+            remote.options(
+                **options,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.group, placement_group_bundle_index=i
+                ),
+            ).remote(config.model_dump(mode="json"), i, role.ranks, threads)
+            for i in range(role.ranks)
+        ]
+        try:
+            address = ray.get(self.ranks[0].rendezvous.remote(), timeout=SETUP_TIMEOUT_S)
+            self.placement = self._all("setup", address, SETUP_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+        self.device = torch.device(self.placement[0]["device"])
+        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.model))
+        self.step_count = 0
+        log.info(
+            "trainer: %d rank(s) on %s", role.ranks, [p["node_id"][:8] for p in self.placement]
+        )
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every rank; their results in rank order. The first failure
+        tears the group down and raises `TrainerRankError` naming the rank."""
+        ray = import_ray()
+        refs = [getattr(rank, method).remote(*args) for rank in self.ranks]
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except Exception as e:
+                self.close()
+                if isinstance(e, CheckpointError):  # the same on every rank: not the rank's
+                    raise CheckpointError(cause(e)) from e
+                raise TrainerRankError(
+                    f"trainer rank {index[done[0]]} failed in {method}: {cause(e)}; the trainer "
+                    "group is stopped (resume the run with --resume)"
+                ) from e
+        return list(ray.get(refs))
+
+    def step(self, samples: list[Any]) -> dict[str, float]:
+        ray = import_ray()
+        metrics: dict[str, float] = self._all("step", ray.put(list(samples)))[0]
+        self.step_count += 1
+        return metrics
+
+    def save_checkpoint(self, directory: str | Path, loop_state: Any = None) -> Path:
+        return Path(self._all("save_checkpoint", str(directory), loop_state)[0])
+
+    def load_checkpoint(self, path: str | Path) -> Any:
+        loop_state = self._all("load_checkpoint", str(path))[0]
+        self.step_count = self._all("step_count")[0]
+        return loop_state
+
+    def export(self, path: str | Path) -> Path:
+        return Path(self._all("export", str(path))[0])
+
+    def actor_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        raise NotImplementedError(
+            "trainer ranks on Ray push weights through export (served engines), not in process"
+        )
+
+    def close(self) -> None:
+        """Kill the ranks and free their placement group (idempotent)."""
+        from ray.util.placement_group import remove_placement_group
+
+        ray = import_ray()
+        for rank in self.ranks:
+            ray.kill(rank, no_restart=True)
+        self.ranks = []
+        if self.group is not None:
+            remove_placement_group(self.group)
+            self.group = None

@@ -1,0 +1,54 @@
+"""Configuration of where `tracerl train` runs its parts: in this process (`local`) or placed on
+a Ray cluster (`ray`): trainer ranks, engine servers. No torch, no Ray here."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from tracerl.config.base import Config
+
+Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+
+class RoleResources(Config):
+    """What one actor of a role reserves on the cluster."""
+
+    num_cpus: float = Field(default=1.0, ge=0)
+    """CPUs reserved per actor (Ray's logical CPUs)."""
+    num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs reserved per actor; a trainer rank or an engine with one runs on it."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources per actor, e.g. `{"trainer_node" = 1}` to place the role on nodes
+    started with `ray start --resources '{"trainer_node": 8}'`."""
+
+
+class TrainerRanksConfig(RoleResources):
+    ranks: int = Field(default=1, ge=1, le=1024)
+    """Trainer ranks: one torch process group (gloo on CPUs, nccl on GPUs) over which the
+    actor, critic and reference are sharded with FSDP2. Each step's batch is split over them
+    by whole groups, so a step needs at least this many trajectories."""
+    strategy: Strategy = "PACK"
+    """Ray placement-group strategy of the ranks: PACK (as few nodes as fit), SPREAD, or the
+    STRICT_ forms, which fail instead of falling back."""
+
+
+class ClusterConfig(Config):
+    backend: Literal["local", "ray"] = "local"
+    """`local`: the trainer runs in this process and engines start beside it. `ray`: trainer
+    ranks and engine servers run as Ray actors (install the `[ray]` extra)."""
+    address: str | None = None
+    """The Ray cluster: `auto` (the one `ray start` made on this machine), a GCS address
+    `HOST:6379`, or `ray://HOST:10001`. Unset: start a private local cluster for this run,
+    stopped when it ends."""
+    num_cpus: int | None = Field(default=None, ge=1)
+    """CPUs of the private local cluster (address unset); unset: all of this machine's."""
+    trainer: TrainerRanksConfig = Field(default_factory=TrainerRanksConfig)
+    """The trainer ranks and what each reserves."""
+    engines: RoleResources = Field(default_factory=RoleResources)
+    """What each engine server's actor reserves (`engine.count` of them; the engine's own
+    flags, e.g. vLLM's tensor parallelism, are `engine.launch_args`)."""
+    ready_timeout_s: float = Field(default=300.0, gt=0)
+    """How long actors may wait for their resources (a placement group) before start-up fails
+    naming the role."""
