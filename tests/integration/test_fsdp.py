@@ -44,15 +44,21 @@ SETUPS: dict[str, dict[str, Any]] = {
     # a uniform group (zero-gradient samples never forwarded), the KL loss off then on
     "grpo": {"algorithm": "grpo", "actor": {"epochs": 2}},
     "grpo_kl": {"algorithm": "grpo", "kl_loss_coef": 0.05, "batching": "pad"},
+    # a rank whose whole share is uniform groups: it forwards only lockstep padding and records
+    # fewer metrics than its peer (which once made their reductions differ in length)
+    "grpo_one_rank_idle": {"algorithm": "grpo", "uniform_groups": 3},
 }
 
 
-def batches(n: int) -> list[Any]:
+def batches(n: int, uniform_groups: int = 1) -> list[Any]:
+    """Steps of 8 samples in 4 groups of 2; the first `uniform_groups` carry no signal (their
+    samples are skipped without a KL loss)."""
     out = []
     for s in range(n):
         samples = make_samples(20 + s, count=8)
-        # a uniform group: its samples carry no signal (and are skipped without a KL loss)
-        samples[0] = dataclasses.replace(samples[0], reward=samples[1].reward)
+        for g in range(uniform_groups):
+            first, second = 2 * g, 2 * g + 1
+            samples[first] = dataclasses.replace(samples[first], reward=samples[second].reward)
         out.append(samples)
     return out
 
@@ -140,7 +146,9 @@ def one_thread() -> Any:
 
 @pytest.mark.parametrize("setup", sorted(SETUPS))
 def test_two_ranks_make_the_single_process_step(tiny: Any, tmp_path: Path, setup: str) -> None:
-    work = {"config": SETUPS[setup], "batches": batches(2), "export": tmp_path}
+    options = dict(SETUPS[setup])
+    uniform = options.pop("uniform_groups", 1)
+    work = {"config": options, "batches": batches(2, uniform), "export": tmp_path}
     single = on_ranks(1, work, tmp_path)
     sharded = on_ranks(2, work, tmp_path)
     assert_same(sharded, single)
@@ -151,7 +159,7 @@ def test_two_ranks_make_the_single_process_step(tiny: Any, tmp_path: Path, setup
         for name in one:
             torch.testing.assert_close(two[name], one[name], msg=f"{part} {name}")
     first = single["states"]["actor"]
-    initial = Trainer(config(**SETUPS[setup]), device="cpu").actor.state_dict()
+    initial = Trainer(config(**options), device="cpu").actor.state_dict()
     assert any(not torch.equal(first[k], initial[k]) for k in initial)  # the steps moved it
 
 

@@ -109,3 +109,17 @@ async def test_committed_turns_survive_kill_9(fake_engine, tmp_path) -> None:
     turns = await store.turns(session["session_id"])
     assert [t.index for t in turns] == [0, 1, 2, 3, 4, 5]
     await store.close()
+
+
+async def test_a_given_admin_key_is_never_printed_in_full(fake_engine, tmp_path) -> None:
+    _, engine = fake_engine
+    proc, _ = await start_gateway(engine.base_url, str(tmp_path / "traces.sqlite"))
+    try:
+        assert proc.stdout is not None
+        lines = [await asyncio.to_thread(proc.stdout.readline) for _ in range(2)]
+        assert lines[0].startswith("admin key: the one given (...-key)"), lines
+        assert "$ADMIN_KEY" in lines[1]
+        assert not any(ADMIN in line for line in lines), lines
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import sqlite3
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -104,6 +106,28 @@ def test_a_killed_trainer_rank_stops_the_run_and_resume_continues(
     assert resumed.wait() == 0, resumed.output()
     steps = [m["step"] for m in metric_lines(run.run_dir)]
     assert steps == list(range(1, 5)), steps
+
+
+def test_with_a_key_every_engine_requires_it(tmp_path: Path, runs: Callable[..., Run]) -> None:
+    key = "engine-key-" + "q" * 24
+    run = runs(tmp_path / "run", "--loop.steps=20", *RAY_ARGS, f"--engine.api_key={key}")
+    run.until(lambda: run.steps() >= 1, "a first step")
+    urls = [e["url"] for e in run.cluster()["engines"]]
+    assert all(u.startswith("http://127.0.0.1:") for u in urls)  # the keyed proxies
+    for url in urls:
+        for headers, status in (({}, 401), ({"Authorization": f"Bearer {key}"}, 200)):
+            request = urllib.request.Request(url + "/health", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:
+                    got = resp.status
+            except urllib.error.HTTPError as e:
+                got = e.code
+            assert got == status, (url, headers)
+    assert run.wait() == 0, run.output()
+    assert [m["step"] for m in metric_lines(run.run_dir)] == list(range(1, 21))
+    # never written out: the resolved config holds a mask
+    assert key not in run.output() and key not in (run.run_dir / "config.json").read_text()
+    assert "**********" in (run.run_dir / "config.json").read_text()
 
 
 def test_ctrl_c_stops_every_actor_and_server(tmp_path: Path, runs: Callable[..., Run]) -> None:

@@ -48,10 +48,14 @@ async def _gateway_up(
     eventloop.settle_heap()
     url = f"http://{config.host}:{port}"
     print(f"tracerl gateway: {url} (model {config.model}, store {config.store})", flush=True)
-    print(f"admin key: {gateway.admin_key}", flush=True)
+    # A generated key is printed once, whole: it is the only way to learn it. A given one is
+    # the caller's secret and is never written out in full.
+    given = config.admin_key is not None
+    shown = f"the one given (...{gateway.admin_key[-4:]})" if given else gateway.admin_key
+    print(f"admin key: {shown}", flush=True)
     print(
         f"open a session: curl -s -X POST {url}/sessions "
-        f"-H 'Authorization: Bearer {gateway.admin_key}'",
+        f"-H 'Authorization: Bearer {'$ADMIN_KEY' if given else gateway.admin_key}'",
         flush=True,
     )
     return gateway, store, runner, url

@@ -8,6 +8,11 @@ server has exited or the actor has died (killed, or its node lost). The pool the
 does for any launched engine: takes it out of rotation, resumes its requests elsewhere, and
 replaces it (`stop`, then `start`: a new actor) at the current weights. The server dies with
 its actor (the launcher's parent-death signal), so killing an actor leaves no server behind.
+
+The server listens on 127.0.0.1 of its node. With `engine.api_key` set the actor also serves a
+`KeyedProxy` on `cluster.bind` that requires the key, and that is the URL the pool gets;
+`cluster.bind` beyond loopback needs the key, so no engine is reachable from another machine
+without it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.cluster.ray_cluster import cause, import_ray, reservation
-from tracerl.config.cluster import RoleResources
+from tracerl.config.cluster import RoleResources, is_loopback
 from tracerl.config.engine import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -32,18 +37,38 @@ class EngineServer:
 
     def __init__(self) -> None:
         self.launcher: Any = None
+        self.proxy: Any = None
 
-    async def start(self, config: dict[str, Any], model_dir: str, log_path: str, name: str) -> str:
+    async def start(
+        self,
+        config: dict[str, Any],
+        model_dir: str,
+        log_path: str,
+        name: str,
+        bind: str,
+        api_key: str | None,
+    ) -> str:
+        """The server's URL once it has generated a token: on 127.0.0.1, or, with a key, the
+        keyed proxy's on `bind` (this node's address when that is beyond loopback)."""
+        import ray
+        from tracerl.cluster.keyed_proxy import KeyedProxy
         from tracerl.rollout.backends import client_for, process_launcher
 
-        engine = EngineConfig.model_validate(config)
+        engine = EngineConfig.model_validate({**config, "api_key": None})  # the server has none
 
         def make(url: str) -> Any:
             return client_for(engine, url, engine.ready_timeout_s)
 
         self.launcher = process_launcher(engine, Path(model_dir), Path(log_path), name, make)
         url: str = await self.launcher.start()
-        return url
+        if not api_key:
+            if not is_loopback(bind):
+                raise ValueError(f"cluster.bind {bind!r} needs engine.api_key")
+            return url
+        self.proxy = KeyedProxy(url, api_key)
+        port = await self.proxy.start(bind)
+        host = bind if is_loopback(bind) else ray.util.get_node_ip_address()
+        return f"http://{host}:{port}"
 
     async def wait(self) -> int | None:
         """Returns when the server exits (its exit code)."""
@@ -51,6 +76,8 @@ class EngineServer:
         return int(await process.wait()) if process is not None else None
 
     async def stop(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.close()
         if self.launcher is not None:
             await self.launcher.stop()
 
@@ -72,8 +99,10 @@ class RayEngineLauncher:
         model_dir: Path,
         log_path: Path,
         index: int,
+        bind: str = "127.0.0.1",
     ) -> None:
         self.config = config
+        self.bind = bind
         self.resources = resources
         self.model_dir = model_dir
         self.log_path = log_path
@@ -97,9 +126,10 @@ class RayEngineLauncher:
             )
             .remote()
         )
+        key = self.config.api_key.get_secret_value() if self.config.api_key else None
         args = (self.config.model_dump(mode="json"), str(self.model_dir), str(self.log_path))
         try:
-            url: str = await self.actor.start.remote(*args, self.name)
+            url: str = await self.actor.start.remote(*args, self.name, self.bind, key)
         except Exception as e:
             await self.stop()
             from tracerl.rollout.launcher import EngineStartError

@@ -42,6 +42,7 @@ def connect(config: ClusterConfig) -> bool:
     runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
     if config.address is None:
         ray.init(
+            address="local",  # a new cluster, never one some other job left running here
             num_cpus=config.num_cpus,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",

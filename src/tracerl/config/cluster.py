@@ -49,6 +49,15 @@ class ClusterConfig(Config):
     engines: RoleResources = Field(default_factory=RoleResources)
     """What each engine server's actor reserves (`engine.count` of them; the engine's own
     flags, e.g. vLLM's tensor parallelism, are `engine.launch_args`)."""
+    bind: str = "127.0.0.1"
+    """The interface engine actors serve on. 127.0.0.1 reaches only the driver's own node;
+    across machines set `0.0.0.0` (or the nodes' network), which needs `engine.api_key`. With
+    a key, every engine sits behind a proxy on this interface that requires it."""
     ready_timeout_s: float = Field(default=300.0, gt=0)
     """How long actors may wait for their resources (a placement group) before start-up fails
     naming the role."""
+
+
+def is_loopback(host: str) -> bool:
+    """`host` is an address only this machine reaches."""
+    return host in ("localhost", "::1") or host.startswith("127.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from tracerl.config.base import Config
 
@@ -26,6 +26,11 @@ class EngineConfig(Config):
     urls: list[str] = Field(default_factory=list)
     """Engines already serving: attached (health-checked, routed to, given new weights), never
     launched, restarted or stopped. Unset: the pool launches `count` engines."""
+
+    api_key: SecretStr | None = None
+    """A key the engines require (a bearer token): the pool sends it to every engine, attached
+    or launched; launched engines listening beyond 127.0.0.1 (`cluster.bind`) require it.
+    Never logged or written to the run directory."""
 
     count: int = Field(default=1, ge=1, le=64)
     """Engine servers the pool launches when no `urls` are given."""

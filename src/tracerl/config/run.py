@@ -11,7 +11,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, model_validator
 
 from tracerl.config.base import Config
-from tracerl.config.cluster import ClusterConfig
+from tracerl.config.cluster import ClusterConfig, is_loopback
 from tracerl.config.control import OrchestratorConfig
 from tracerl.config.engine import EngineConfig
 from tracerl.config.envs import DatasetConfig, EnvConfig
@@ -145,6 +145,11 @@ class TrainCommandConfig(Config):
                 f"cluster.trainer.ranks ({ranks}) is above orchestrator.batch_size "
                 f"({self.orchestrator.batch_size}): each rank trains on at least one trajectory "
                 "of a step"
+            )
+        if not is_loopback(self.cluster.bind) and self.engine.api_key is None:
+            raise ValueError(
+                f"cluster.bind is {self.cluster.bind!r}: engines reachable beyond this machine "
+                "need engine.api_key (every engine then requires it, and the pool sends it)"
             )
         if self.eval.every and self.eval_dataset is None:
             raise ValueError("eval.every is set but eval_dataset is not")

@@ -115,7 +115,7 @@ default, vLLM's and SGLang's servers, is 5 s; aiohttp's client default of 15 s l
 out on a connection the server was closing: `Can not write request body`, measured with vLLM)."""
 
 
-def engine_http_session(read_timeout_s: float) -> aiohttp.ClientSession:
+def engine_http_session(read_timeout_s: float, api_key: str | None = None) -> aiohttp.ClientSession:
     """An HTTP session for talking to one engine: `read_timeout_s` bounds the wait for each
     piece of a reply (a stream's next chunk), never the whole of it, so a long generation is
     not cut; no connection limit (aiohttp's default is 100), so the engine, not tracerl, owns
@@ -124,19 +124,22 @@ def engine_http_session(read_timeout_s: float) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=read_timeout_s),
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_CONNECTION_S),
+        headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
     )
 
 
 class EngineClient:
-    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
-        """`timeout_s`: the longest wait for any one reply chunk (not the whole reply)."""
+    def __init__(self, base_url: str, timeout_s: float = 600.0, api_key: str | None = None) -> None:
+        """`timeout_s`: the longest wait for any one reply chunk (not the whole reply);
+        `api_key`: sent as a bearer token on every request (an engine that requires one)."""
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = engine_http_session(self.timeout_s)
+            self._session = engine_http_session(self.timeout_s, self._api_key)
         return self._session
 
     async def close(self) -> None:

@@ -49,11 +49,17 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class VLLMClient(EngineClient):
-    def __init__(self, base_url: str, timeout_s: float = 600.0, seeds: bool = True) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 600.0,
+        seeds: bool = True,
+        api_key: str | None = None,
+    ) -> None:
         """`seeds=False` sends requests unseeded: vLLM's CPU build dies (`RuntimeError: CPU
         Generator does not use offset`, then `EngineDeadError`) on concurrent seeded requests
         (measured: 64 at temperature 0.7, `tracerl bench engine --backend vllm --quick`)."""
-        super().__init__(base_url, timeout_s)
+        super().__init__(base_url, timeout_s, api_key)
         self.seeds = seeds
         self._max_model_len: int | None = None
         self._weight_version: int | None = None

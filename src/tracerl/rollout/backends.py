@@ -49,18 +49,19 @@ _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def client_for(config: EngineConfig, url: str, timeout_s: float) -> Engine:
-    """The client that speaks to a `config.backend` server at `url`."""
+    """The client that speaks to a `config.backend` server at `url` (with `engine.api_key`)."""
+    key = config.api_key.get_secret_value() if config.api_key is not None else None
     if config.backend == "vllm":
         from tracerl.engine.vllm import VLLMClient
 
         # seeded requests kill vLLM's CPU build (VLLMClient): on CPU they go unseeded; the
         # sampling is still exact and recorded, only replaying a seed is lost
-        return VLLMClient(url, timeout_s, seeds=_device(config) == "cuda")
+        return VLLMClient(url, timeout_s, seeds=_device(config) == "cuda", api_key=key)
     if config.backend == "sglang":
         from tracerl.engine.sglang import SGLangClient
 
-        return SGLangClient(url, timeout_s)
-    return EngineClient(url, timeout_s)
+        return SGLangClient(url, timeout_s, api_key=key)
+    return EngineClient(url, timeout_s, api_key=key)
 
 
 def _device(config: EngineConfig) -> str:

@@ -67,8 +67,10 @@ async def start(
             from tracerl.cluster.engine_actor import RayEngineLauncher
 
             def launcher_for(i: int, _: Any) -> RayEngineLauncher:
-                log_path = logs / f"engine-{i}.log"
-                return RayEngineLauncher(config.engine, config.cluster.engines, base, log_path, i)
+                log_path, cluster = logs / f"engine-{i}.log", config.cluster
+                return RayEngineLauncher(
+                    config.engine, cluster.engines, base, log_path, i, cluster.bind
+                )
 
         pool = await start_pool(config.engine, base, logs, config.pool, launcher_for)
         closers.append(pool.close)

@@ -27,11 +27,14 @@ the trainer; `Trainer.save_checkpoint` / `load_checkpoint` assemble what goes in
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +91,15 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _one_process_is_intended() -> Iterator[None]:
+    """DCP warns that it assumes one process when no process group exists: that is the
+    one-process trainer, and what it means."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def _model_states(
@@ -148,11 +160,12 @@ def write_checkpoint(
 
     tmp = Path(on_rank_zero(make_tmp))
     try:
-        dcp.save(
-            _model_states(models, optimizers),
-            checkpoint_id=str(tmp / "model"),
-            no_dist=world_size == 1,
-        )
+        with _one_process_is_intended():
+            dcp.save(
+                _model_states(models, optimizers),
+                checkpoint_id=str(tmp / "model"),
+                no_dist=world_size == 1,
+            )
         if world_size > 1:
             dist.barrier()
         target = on_rank_zero(
@@ -302,7 +315,8 @@ def _load_shards(
         names = {key.split(".", 1)[0] for key in saved}
         if names != set(states):
             raise CheckpointError(f"{root}: holds {sorted(names)}, expected {sorted(states)}")
-        dcp.load(states, checkpoint_id=str(root / "model"), no_dist=world()[1] == 1)
+        with _one_process_is_intended():
+            dcp.load(states, checkpoint_id=str(root / "model"), no_dist=world()[1] == 1)
         for name, module in models.items():
             set_model_state_dict(module, states[name])
             if name in optimizers:

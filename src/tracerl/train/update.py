@@ -60,11 +60,11 @@ class Metrics:
         self.fixed[name] = value
 
     def result(self, process_group: Any = None) -> dict[str, float]:
-        means, totals = sorted(self.sums), sorted(self.totals)
+        means, totals = self._names(process_group)
         packed = torch.tensor(
-            [self.sums[k] for k in means]
-            + [self.weights[k] for k in means]
-            + [self.totals[k] for k in totals],
+            [self.sums.get(k, 0.0) for k in means]
+            + [self.weights.get(k, 0.0) for k in means]
+            + [self.totals.get(k, 0.0) for k in totals],
             dtype=torch.float64,
         )
         reduced = all_reduce_sum(packed, process_group).tolist() if packed.numel() else []
@@ -75,6 +75,20 @@ class Metrics:
         for i, k in enumerate(totals):
             out[k] = reduced[2 * n + i] / max(1, self.updates.get(k.split("/")[0], 1))
         return out
+
+    def _names(self, process_group: Any) -> tuple[list[str], list[str]]:
+        """The metric names of every rank: a rank that forwarded nothing real (its share was
+        all zero-gradient samples, only lockstep padding) recorded fewer, and the reduction
+        must have the same length everywhere."""
+        names = (sorted(self.sums), sorted(self.totals))
+        if not (dist.is_available() and dist.is_initialized()):
+            return names
+        every: list[Any] = [None] * dist.get_world_size(process_group)
+        dist.all_gather_object(every, names, group=process_group)
+        return (
+            sorted({k for means, _ in every for k in means}),
+            sorted({k for _, totals in every for k in totals}),
+        )
 
 
 def token_stats(x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:

@@ -89,3 +89,14 @@ def test_the_record_says_what_runs_where(tmp_path: Path) -> None:
 def test_a_directory_without_a_record_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="cluster.json does not exist: not a run"):
         status.read(tmp_path)
+
+
+def test_engines_beyond_this_machine_need_a_key_that_is_never_written_out() -> None:
+    with pytest.raises(ValueError, match=r"cluster.bind is '0.0.0.0': engines reachable beyond"):
+        TrainCommandConfig.model_validate({"cluster": {"backend": "ray", "bind": "0.0.0.0"}})
+    config = TrainCommandConfig.model_validate(
+        {"cluster": {"backend": "ray", "bind": "0.0.0.0"}, "engine": {"api_key": "s3cret-key"}}
+    )
+    assert "s3cret-key" not in config.model_dump_json() and "s3cret-key" not in repr(config)
+    assert config.engine.api_key is not None
+    assert config.engine.api_key.get_secret_value() == "s3cret-key"
