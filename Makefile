@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-ray
+.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-ray test-postgres
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,19 @@ $(RAY_STAMP): $(STAMP)
 
 test-ray: $(STAMP) $(RAY_STAMP)
 	$(BIN)/python -m pytest -q -m ray tests/ray
+
+# The PostgreSQL trace store against a real server (Debian's postgresql package, installed
+# here if missing; the tests start their own cluster on 127.0.0.1) and psycopg (the extra).
+PG_STAMP := $(VENV)/.postgres-installed
+
+$(PG_STAMP): $(STAMP)
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql)
+	$(BIN)/pip install --quiet -e '.[postgres]'
+	touch $(PG_STAMP)
+
+test-postgres: $(STAMP) $(PG_STAMP)
+	$(BIN)/python -m pytest -q -m postgres tests/postgres
 
 # The main job: GRPO on SmolLM2-135M-Instruct on this CPU (a new run directory each time).
 demo: $(STAMP)

@@ -21,6 +21,7 @@ BENCHMARKS = {
     "learn": "tracerl.bench.learn",
     "step": "tracerl.bench.step",
     "scale": "tracerl.bench.scale",
+    "store": "tracerl.bench.store",
 }
 
 VLLM_VARIANTS = {"engine": "tracerl.bench.engine_vllm", "gateway": "tracerl.bench.gateway_vllm"}

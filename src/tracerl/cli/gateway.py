@@ -28,10 +28,10 @@ async def _gateway_up(
 ) -> tuple[Any, Any, Any, str]:
     from tracerl.engine.server import start_server
     from tracerl.gateway.server import Gateway
-    from tracerl.gateway.store import SQLiteTraceStore
+    from tracerl.gateway.store import open_store
 
     info = await engine.model_info()
-    store = SQLiteTraceStore(config.store, config.store_synchronous)
+    store = await open_store(config.store, config.store_synchronous)
     gateway = Gateway(
         engine,
         tokenizer,
@@ -47,7 +47,8 @@ async def _gateway_up(
     )
     eventloop.settle_heap()
     url = f"http://{config.host}:{port}"
-    print(f"tracerl gateway: {url} (model {config.model}, store {config.store})", flush=True)
+    where = getattr(store, "path", "")  # a PostgreSQL URL without its password
+    print(f"tracerl gateway: {url} (model {config.model}, store {where})", flush=True)
     # A generated key is printed once, whole: it is the only way to learn it. A given one is
     # the caller's secret and is never written out in full.
     given = config.admin_key is not None

@@ -26,7 +26,8 @@ class GatewayConfig(Config):
     """TCP port; 0 picks a free one (printed at start)."""
 
     store: str = "traces.sqlite"
-    """SQLite file of the trace store."""
+    """The trace store: a SQLite file, or a `postgresql://user@host:port/db` URL (a server
+    several gateways share; needs the `[postgres]` extra)."""
 
     store_synchronous: Literal["normal", "full"] = "normal"
     """`normal` survives a killed process; `full` also survives power loss (one fsync a turn)."""

@@ -104,6 +104,10 @@ class TrainCommandConfig(Config):
     system_prompt: str | None = None
     """Prepended by the gateway to every session (recorded like any prompt token)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    trace_store: str | None = None
+    """Where the gateway records turns and the loop reads them back: unset, the run's
+    `traces.sqlite`; a `postgresql://user@host:port/db` URL for a PostgreSQL server (the
+    `[postgres]` extra)."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Where the trainer ranks and engines run: this process, or a Ray cluster."""
 

@@ -1,4 +1,5 @@
-"""The durable trace store: sessions and their turns in SQLite (WAL).
+"""The durable trace store: sessions and their turns in SQLite (WAL), or on a PostgreSQL server
+for many writers (`store_postgres.py`, opened by `open_store` from a `postgresql://` URL).
 
 `append_turn` returns only after the turn's transaction has committed, so a gateway that answers
 success after it has recorded a turn that survives a `kill -9` of the process. (With the default
@@ -181,3 +182,16 @@ class SQLiteTraceStore:
 
         await asyncio.get_running_loop().run_in_executor(self._executor, shut)
         self._executor.shutdown(wait=True)
+
+
+async def open_store(
+    where: str | Path, synchronous: Literal["normal", "full"] = "normal"
+) -> TraceStore:
+    """The store at `where`: a `postgresql://` (or `postgres://`) URL opens a PostgreSQL
+    store (`tracerl.gateway.store_postgres`), anything else is a SQLite file."""
+    text = str(where)
+    if text.startswith(("postgresql://", "postgres://")):
+        from tracerl.gateway.store_postgres import PostgresTraceStore
+
+        return await PostgresTraceStore.connect(text)
+    return SQLiteTraceStore(where, synchronous)

@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # torch and the servers load in _start, after the config is c
     from tracerl.envs import Environment
     from tracerl.envs.dataset import TaskDataset
     from tracerl.gateway.server import Gateway
-    from tracerl.gateway.store import SQLiteTraceStore
+    from tracerl.gateway.store import TraceStore
     from tracerl.rollout.pool import EnginePool
     from tracerl.run.trainers import AnyTrainer
 
@@ -112,7 +112,7 @@ class RLLoop:
     # controller and the metrics collector, and the logs with the evals.
     trainer: AnyTrainer
     pool: EnginePool
-    store: SQLiteTraceStore
+    store: TraceStore
     gateway: Gateway
     gateway_url: str
     env: Environment
@@ -173,10 +173,10 @@ class RLLoop:
     async def _start_gateway(self) -> None:
         from tracerl.engine.server import start_server
         from tracerl.gateway.server import Gateway
-        from tracerl.gateway.store import SQLiteTraceStore
+        from tracerl.gateway.store import open_store
 
         c = self.config
-        self.store = SQLiteTraceStore(self.run_dir / "traces.sqlite")
+        self.store = await open_store(c.trace_store or self.run_dir / "traces.sqlite")
         self.closers.append(self.store.close)
         info = await self.pool.model_info()
         tokenizer = self.trainer.tokenizer

@@ -27,7 +27,7 @@ from typing import Any
 import aiohttp
 
 from tracerl.envs import Environment, EpisodeResult, Session, Task, run_episode, score_trace
-from tracerl.gateway.store import SQLiteTraceStore
+from tracerl.gateway.store import TraceStore
 from tracerl.trace.schema import SessionTrace
 from tracerl.trace.versions import oldest_version
 from tracerl.train.batch import TrainSample
@@ -89,7 +89,7 @@ class EpisodeRunner:
         env: Environment,
         gateway_url: str,
         admin_key: str,
-        store: SQLiteTraceStore,
+        store: TraceStore,
         *,
         timeout_s: float,
         model: str = "policy",

@@ -56,3 +56,14 @@ async def test_other_processes_can_read_while_writing(tmp_path) -> None:
     assert reader.execute("SELECT count(*) FROM turns").fetchone() == (1,)
     reader.close()
     await store.close()
+
+
+async def test_open_store_picks_sqlite_for_a_path_and_redacts_server_passwords(tmp_path) -> None:
+    from tracerl.gateway.store import open_store
+    from tracerl.gateway.store_postgres import _redacted
+
+    store = await open_store(tmp_path / "t.sqlite")
+    assert isinstance(store, SQLiteTraceStore)
+    await store.close()
+    assert _redacted("postgresql://me:pw@db:5432/traces") == "postgresql://me@db:5432/traces"
+    assert _redacted("postgresql://db/traces") == "postgresql://db/traces"
