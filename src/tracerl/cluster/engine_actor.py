@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tracerl.cluster.ray_cluster import cause, import_ray, reservation
+from tracerl.cluster.ray_cluster import cause, import_ray
 from tracerl.config.cluster import RoleResources, is_loopback
 from tracerl.config.engine import EngineConfig
 
@@ -159,6 +159,3 @@ class RayEngineLauncher:
         ray = import_ray()
         done, _ = ray.wait([self.exited], timeout=0)
         return not done
-
-    def reservation(self) -> dict[str, float]:
-        return reservation(self.resources)

@@ -3,9 +3,9 @@ a Ray cluster (`ray`): trainer ranks, engine servers. No torch, no Ray here."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tracerl.config.base import Config
 
@@ -57,6 +57,15 @@ class ClusterConfig(Config):
     """How long actors may wait for their resources (a placement group) before start-up fails
     naming the role."""
 
+
+    @model_validator(mode="after")
+    def _cpus_of_a_private_cluster(self) -> Self:
+        if self.num_cpus is not None and self.address is not None:
+            raise ValueError(
+                "cluster.num_cpus sizes a private local cluster; with cluster.address the "
+                "cluster's nodes have their own (`ray start --num-cpus`)"
+            )
+        return self
 
 def is_loopback(host: str) -> bool:
     """`host` is an address only this machine reaches."""

@@ -100,3 +100,10 @@ def test_engines_beyond_this_machine_need_a_key_that_is_never_written_out() -> N
     assert "s3cret-key" not in config.model_dump_json() and "s3cret-key" not in repr(config)
     assert config.engine.api_key is not None
     assert config.engine.api_key.get_secret_value() == "s3cret-key"
+
+
+def test_cpus_are_set_only_for_a_private_cluster() -> None:
+    with pytest.raises(ValueError, match="cluster.num_cpus sizes a private local cluster"):
+        TrainCommandConfig.model_validate(
+            {"cluster": {"backend": "ray", "address": "auto", "num_cpus": 4}}
+        )
