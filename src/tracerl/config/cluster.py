@@ -57,7 +57,6 @@ class ClusterConfig(Config):
     """How long actors may wait for their resources (a placement group) before start-up fails
     naming the role."""
 
-
     @model_validator(mode="after")
     def _cpus_of_a_private_cluster(self) -> Self:
         if self.num_cpus is not None and self.address is not None:
@@ -66,6 +65,7 @@ class ClusterConfig(Config):
                 "cluster's nodes have their own (`ray start --num-cpus`)"
             )
         return self
+
 
 def is_loopback(host: str) -> bool:
     """`host` is an address only this machine reaches."""

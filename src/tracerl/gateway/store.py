@@ -77,6 +77,21 @@ class TraceStore(Protocol):
     async def close(self) -> None: ...
 
 
+async def read_trace(store: TraceStore, session_id: str) -> SessionTrace | None:
+    """A session's record and turns from `store`, with its trajectories assembled; None for a
+    session the store does not hold."""
+    record = await store.get_session(session_id)
+    if record is None:
+        return None
+    turns = await store.turns(session_id)
+    return SessionTrace(
+        session_id=session_id,
+        status=record.status,
+        turns=turns,
+        trajectories=assemble_trajectories(turns),
+    )
+
+
 class SQLiteTraceStore:
     def __init__(self, path: str | Path, synchronous: Literal["normal", "full"] = "normal") -> None:
         self.path = Path(path)
@@ -162,16 +177,7 @@ class SQLiteTraceStore:
         return [Turn.model_validate_json(d) for d in await self._read(read)]
 
     async def trace(self, session_id: str) -> SessionTrace | None:
-        record = await self.get_session(session_id)
-        if record is None:
-            return None
-        turns = await self.turns(session_id)
-        return SessionTrace(
-            session_id=session_id,
-            status=record.status,
-            turns=turns,
-            trajectories=assemble_trajectories(turns),
-        )
+        return await read_trace(self, session_id)
 
     async def close(self) -> None:
         def shut() -> None:

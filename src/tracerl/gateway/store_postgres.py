@@ -17,9 +17,8 @@ from typing import Any
 
 import orjson
 
-from tracerl.gateway.store import SessionRecord, StoreError
+from tracerl.gateway.store import SessionRecord, StoreError, read_trace
 from tracerl.trace.schema import SessionTrace, Turn
-from tracerl.trace.trajectories import assemble_trajectories
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -122,16 +121,7 @@ class PostgresTraceStore:
         return [Turn.model_validate_json(r[0]) for r in rows]
 
     async def trace(self, session_id: str) -> SessionTrace | None:
-        record = await self.get_session(session_id)
-        if record is None:
-            return None
-        turns = await self.turns(session_id)
-        return SessionTrace(
-            session_id=session_id,
-            status=record.status,
-            turns=turns,
-            trajectories=assemble_trajectories(turns),
-        )
+        return await read_trace(self, session_id)
 
     async def close(self) -> None:
         await self._pool.close()
