@@ -48,7 +48,7 @@ $(RAY_STAMP): $(STAMP)
 	touch $(RAY_STAMP)
 
 test-ray: $(STAMP) $(RAY_STAMP)
-	$(BIN)/python -m pytest -q -m ray tests/ray
+	$(BIN)/python -m pytest -q -m ray tests/raycluster
 
 # The PostgreSQL trace store against a real server (Debian's postgresql package, installed
 # here if missing; the tests start their own cluster on 127.0.0.1) and psycopg (the extra).

@@ -51,6 +51,7 @@ class EngineServer:
         """The server's URL once it has generated a token: on 127.0.0.1, or, with a key, the
         keyed proxy's on `bind` (this node's address when that is beyond loopback)."""
         import ray
+
         from tracerl.cluster.keyed_proxy import KeyedProxy
         from tracerl.rollout.backends import client_for, process_launcher
 
