@@ -21,6 +21,8 @@ from .conftest import RAY_ARGS, Run, until_gone
 pytestmark = pytest.mark.ray
 
 STEPS = 3
+# on a line once the metrics collector has polled the engines twice, which depends on timing
+POLLED = {"engine/generation_tokens_per_s"}
 
 
 def metric_lines(run_dir: Path) -> list[dict[str, Any]]:
@@ -50,7 +52,7 @@ def test_a_run_on_ray_has_the_shape_of_the_local_run(
     local_lines, ray_lines = metric_lines(local.run_dir), metric_lines(ray_run.run_dir)
     assert [m["step"] for m in ray_lines] == [m["step"] for m in local_lines] == [1, 2, 3]
     for ours, theirs in zip(ray_lines, local_lines, strict=True):
-        assert ours.keys() == theirs.keys()
+        assert ours.keys() - POLLED == theirs.keys() - POLLED
     assert {m["perf/trainer_ranks"] for m in ray_lines} == {2.0}
     assert {m["cluster/engines_active"] for m in ray_lines} == {2.0}
     assert trained_sessions(ray_run.run_dir) >= STEPS * 8  # batch_size 8 per step
