@@ -20,6 +20,14 @@ def all_reduce_sum(tensor: torch.Tensor, process_group: Any = None) -> torch.Ten
     return out
 
 
+def all_reduce_max(tensor: torch.Tensor, process_group: Any = None) -> torch.Tensor:
+    """The elementwise largest `tensor` over the ranks of `process_group`; local without one."""
+    out = tensor.clone()
+    if process_group is not None or (dist.is_available() and dist.is_initialized()):
+        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=process_group)
+    return out
+
+
 def global_token_count(loss_mask: torch.Tensor, process_group: Any = None) -> torch.Tensor:
     """The loss denominator for a whole optimizer step: the masked tokens of every micro-batch
     on every rank. Pass the concatenated masks of all micro-batches of the step; each micro-batch

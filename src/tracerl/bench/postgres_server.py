@@ -7,11 +7,12 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from tracerl.rollout.backends import free_port
 
 
 def server_binaries() -> Path | None:
@@ -38,9 +39,7 @@ def temporary_server() -> Iterator[str]:
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")
         shutil.chown(data, "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     init = [str(bin_dir / "initdb"), "-D", str(data), "-U", "tracerl", "--auth=trust"]
     ctl = [str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(data / "server.log")]
     try:

@@ -2,24 +2,31 @@
 that forwards every request, streamed both ways, to the server on 127.0.0.1, and answers 401
 to any request without `Authorization: Bearer KEY`.
 
-Engine actors put one in front of their server when `cluster.bind` is not loopback, so every
-engine requires the key whatever its backend: vLLM's own `--api-key` guards only its `/v1`
-routes, not the generate, abort, pause and weight routes the pool uses. The key is compared in
-constant time and never logged.
+Engine actors put one in front of their server on `cluster.bind` when `engine.api_key` is
+set (a bind beyond loopback requires the key), so every engine requires it whatever its
+backend: vLLM's own `--api-key` guards only its `/v1` routes, not the generate, abort, pause
+and weight routes the pool uses. The key is compared in constant time and never logged.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
 
 from tracerl.engine.client import IDLE_CONNECTION_S
+from tracerl.engine.server import start_server
 
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host"}
 )
+
+
+def _passed(headers: Mapping[str, str], dropped: str) -> dict[str, str]:
+    """`headers` less the hop-by-hop ones and `dropped`."""
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP | {dropped}}
 
 
 class KeyedProxy:
@@ -41,24 +48,15 @@ class KeyedProxy:
                 {"error": {"message": "this engine requires its key (engine.api_key)"}}, status=401
             )
         assert self._session is not None
-        headers = {
-            k: v
-            for k, v in request.headers.items()
-            if k.lower() not in HOP_BY_HOP and k.lower() != "authorization"
-        }
         async with self._session.request(
             request.method,
             self.upstream + request.rel_url.raw_path_qs,
-            headers=headers,
+            headers=_passed(request.headers, "authorization"),  # the key stops here
             data=await request.read() if request.can_read_body else None,
         ) as upstream:
             response = web.StreamResponse(
                 status=upstream.status,
-                headers={
-                    k: v
-                    for k, v in upstream.headers.items()
-                    if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"
-                },
+                headers=_passed(upstream.headers, "content-length"),  # streamed, not sized
             )
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
@@ -75,14 +73,8 @@ class KeyedProxy:
         )
         app = web.Application(client_max_size=1 << 30)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        server = site._server
-        assert server is not None
-        sockets = getattr(server, "sockets", None) or []
-        return int(sockets[0].getsockname()[1])
+        self._runner, bound = await start_server(app, host, port, cancel_on_disconnect=False)
+        return bound
 
     async def close(self) -> None:
         if self._runner is not None:

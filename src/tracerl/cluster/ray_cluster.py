@@ -34,11 +34,11 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(config: ClusterConfig) -> bool:
-    """Join (or start) the cluster; True when this call started a private one."""
+def connect(config: ClusterConfig) -> None:
+    """Join the cluster, or start a private one."""
     ray = import_ray()
     if ray.is_initialized():
-        return False
+        return
     runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
     if config.address is None:
         ray.init(
@@ -51,7 +51,7 @@ def connect(config: ClusterConfig) -> bool:
             configure_logging=False,
         )
         log.info("started a local Ray cluster (%s CPUs)", ray.cluster_resources().get("CPU"))
-        return True
+        return
     _probe(config.address)
     try:
         ray.init(
@@ -65,7 +65,6 @@ def connect(config: ClusterConfig) -> bool:
             f"cluster.address {config.address!r}: no Ray cluster answers there ({e}); start "
             "one with `ray start --head`, or leave cluster.address unset for a local one"
         ) from None
-    return False
 
 
 def _probe(address: str) -> None:

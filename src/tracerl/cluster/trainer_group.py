@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +57,10 @@ class TrainerRank:
         """`host:port` on this node for the process group's store (rank 0 only)."""
         import ray
 
+        from tracerl.rollout.backends import free_port
+
         host = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return f"{host}:{s.getsockname()[1]}"
+        return f"{host}:{free_port(host)}"
 
     def setup(self, address: str, timeout_s: float) -> dict[str, Any]:
         import ray

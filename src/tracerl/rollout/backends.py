@@ -88,9 +88,10 @@ def kv_cache_bytes(model_dir: Path, tokens: int, dtype: str) -> int:
     return tokens * per_token
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on at `host` now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

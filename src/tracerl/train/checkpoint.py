@@ -152,7 +152,7 @@ def write_checkpoint(
     import torch.distributed.checkpoint as dcp
 
     root = Path(directory)
-    _, world_size = world()
+    rank, world_size = world()
 
     def make_tmp() -> str:
         root.mkdir(parents=True, exist_ok=True)
@@ -172,9 +172,9 @@ def write_checkpoint(
             lambda: _finish(root, tmp, step, config, state, loop_state, world_size)
         )
     finally:
-        if world()[0] == 0 and tmp.exists():
+        if rank == 0 and tmp.exists():
             shutil.rmtree(tmp)
-    if world()[0] == 0:
+    if rank == 0:
         for stale in list_checkpoints(root)[:-keep_last_n]:
             shutil.rmtree(stale)
     return Path(target)
@@ -321,9 +321,9 @@ def _load_shards(
             set_model_state_dict(module, states[name])
             if name in optimizers:
                 set_optimizer_state_dict(module, optimizers[name], states[f"{name}_optimizer"])
+    except CheckpointError:
+        raise
     except (RuntimeError, ValueError, KeyError) as e:
-        if isinstance(e, CheckpointError):
-            raise
         raise CheckpointError(
             f"{root}: the saved models do not fit these ({e}); the trainer is now partly "
             "loaded and must be rebuilt"

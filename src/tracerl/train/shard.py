@@ -15,7 +15,7 @@ denominator, so the batch's gradient is the sum of the ranks' gradients.
 
 FSDP's forwards and backwards are collectives: every rank must run the same number of them.
 Ranks whose shard needs fewer micro-batches run `padding_micro_batch` forwards (and zero-loss
-backwards) to make up the count (`Shard.lockstep`).
+backwards) to make up the count (`Shard.padding`).
 
 One process (no process group, or a group of one) is the identity shard: nothing is sharded,
 nothing is padded.
@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tracerl.algo.distributed import all_reduce_max
 from tracerl.train.batch import Batching, MicroBatch, PackedBatch, TrainSample, micro_batches
 
 
@@ -110,30 +111,20 @@ class Shard:
                 mine += members[u]
         return cls(rank, world_size, sorted(mine), len(samples))
 
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
     def localize(self, parts: list[list[int]]) -> list[list[int]]:
         """Mini-batches of whole-batch indices as this rank's local indices (its share of
         each; possibly empty)."""
         return [[self.local_of[g] for g in part if g in self.local_of] for part in parts]
 
-    def lockstep(self, count: int) -> int:
-        """The largest `count` over the ranks: how many forwards every rank must make."""
-        if not self.distributed:
-            return count
-        t = torch.tensor([count], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-
-    def total_of(self, value: float) -> float:
-        """`value` summed over the ranks."""
-        if not self.distributed:
-            return value
-        t = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return float(t.item())
+    def padding(
+        self, mbs: Sequence[MicroBatch], device: torch.device, batching: Batching
+    ) -> list[MicroBatch]:
+        """The forwards this rank adds to `mbs` so that every rank makes as many as the rank
+        with the most (a collective: call before any of them)."""
+        if self.world_size == 1:
+            return []
+        most = int(all_reduce_max(torch.tensor([len(mbs)], dtype=torch.int64)).item())
+        return [padding_micro_batch(device, batching)] * (most - len(mbs))
 
 
 def padding_micro_batch(device: torch.device, batching: Batching) -> MicroBatch:

@@ -44,6 +44,7 @@ from typing import Any, cast
 import torch
 
 from tracerl.algo.advantages import gae, group_advantages, terminal_rewards, uniform_groups, whiten
+from tracerl.algo.distributed import all_reduce_sum
 from tracerl.algo.losses import kl_in_reward, kl_per_token
 from tracerl.algo.stats import explained_variance
 from tracerl.config.train import RESUME_SAFE_FIELDS, OptimizerConfig, TrainerConfig
@@ -60,7 +61,7 @@ from tracerl.train.forward import all_logprobs, all_values
 from tracerl.train.models import load_actor, load_reference, value_model_from_actor
 from tracerl.train.phases import MemoryPhases, Phase, Place
 from tracerl.train.schedule import ResumableLambdaLR, build_lr_schedule
-from tracerl.train.shard import Shard, padding_micro_batch, reshard, shard_model, world
+from tracerl.train.shard import Shard, reshard, shard_model, world
 from tracerl.train.update import ActorTargets, Metrics, token_stats, update_actor, update_critic
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -210,7 +211,8 @@ class Trainer:
             self.phases.enter(Phase.IDLE)
         self.step_count += 1
         elapsed = time.perf_counter() - started
-        tokens = shard.total_of(float(sum(batch.lengths[i] for i in trained)))
+        trained_tokens = float(sum(batch.lengths[i] for i in trained))
+        tokens = float(all_reduce_sum(torch.tensor(trained_tokens, dtype=torch.float64)))
         versions = [s.weight_version for s in samples]
         metrics.set("time/step", elapsed)
         metrics.set("perf/tokens", tokens)
@@ -234,11 +236,6 @@ class Trainer:
     def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
         return micro_batches_for(batch, samples, self.config, self.batching)
 
-    def _padding(self, shard: Shard, mbs: list[MicroBatch]) -> list[MicroBatch]:
-        """The forwards this rank adds to `mbs` so that every rank makes as many."""
-        missing = shard.lockstep(len(mbs)) - len(mbs)
-        return [padding_micro_batch(self.device, self.batching)] * missing
-
     def _reference_logprobs(
         self, batch: PackedBatch, shard: Shard, mbs: list[MicroBatch], metrics: Metrics
     ) -> torch.Tensor | None:
@@ -248,7 +245,7 @@ class Trainer:
             self.phases.require("reference")
             out = all_logprobs(
                 self.reference, mbs, batch.token_ids.numel(), self.config.temperature,
-                self.device, self._padding(shard, mbs),
+                self.device, shard.padding(mbs, self.device, self.batching),
             )  # fmt: skip
             reshard(self.reference)
             return out
@@ -260,7 +257,7 @@ class Trainer:
             self.phases.require("actor")
             out = all_logprobs(
                 self.actor, mbs, batch.token_ids.numel(), self.config.temperature,
-                self.device, self._padding(shard, mbs),
+                self.device, shard.padding(mbs, self.device, self.batching),
             )  # fmt: skip
             reshard(self.actor)
             return out
@@ -284,7 +281,11 @@ class Trainer:
         with self._phase(Phase.CRITIC, "critic", metrics):
             self.phases.require("critic")
             values = all_values(
-                self.critic, mbs, batch.token_ids.numel(), self.device, self._padding(shard, mbs)
+                self.critic,
+                mbs,
+                batch.token_ids.numel(),
+                self.device,
+                shard.padding(mbs, self.device, self.batching),
             )
             reshard(self.critic)
             rewards = terminal_rewards(batch.rewards, mask, cu)

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tracerl.algo.distributed import all_reduce_sum, global_token_count
+from tracerl.algo.distributed import all_reduce_max, all_reduce_sum, global_token_count
 from tracerl.algo.losses import kl_penalty, kl_per_token, policy_loss, value_loss
 from tracerl.config.train import TrainerConfig
 from tracerl.train.batch import Batching, MicroBatch, PackedBatch, micro_batches_for
 from tracerl.train.forward import action_logprobs, action_values
 from tracerl.train.schedule import optimizer_step
-from tracerl.train.shard import Shard, padding_micro_batch, reshard
+from tracerl.train.shard import Shard, reshard
 
 
 @dataclass
@@ -101,9 +101,9 @@ def token_stats(x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     n = max(sums[0], 1.0)
     mean = sums[1] / n
     inf = torch.tensor(float("inf"), dtype=torch.float64)
-    extremes = torch.stack([v.max() if v.numel() else -inf, -v.min() if v.numel() else -inf])
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    extremes = all_reduce_max(
+        torch.stack([v.max() if v.numel() else -inf, -v.min() if v.numel() else -inf])
+    )
     return {
         "mean": mean,
         "std": max(sums[2] / n - mean * mean, 0.0) ** 0.5,
@@ -160,7 +160,7 @@ def _update(
     metrics: Metrics,
     batching: Batching,
     shard: Shard,
-    padding: Callable[[], None],
+    padding: Callable[[MicroBatch], None],
     zero_grad: frozenset[int] = frozenset(),
 ) -> None:
     optim = config.actor if prefix == "actor" else config.critic
@@ -171,11 +171,11 @@ def _update(
         denom = denominator(batch, part, agg)
         computed = [i for i in part if i not in zero_grad]
         mbs = micro_batches_for(batch, computed, config, batching) if computed else []
-        missing = shard.lockstep(len(mbs)) - len(mbs)  # agreed before any rank's forward
+        extra = shard.padding(mbs, batch.token_ids.device, batching)  # before any forward
         for mb in mbs:
             backward(mb, denom, index)
-        for _ in range(missing):
-            padding()
+        for mb in extra:
+            padding(mb)
         for p in params:  # what a forward of the zero-gradient samples would have left
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -225,10 +225,9 @@ def update_actor(
     if targets.old_logprobs is None and len(parts) > 1 and set(range(batch.size)) - zero_grad:
         raise ValueError("old_logprobs: required when the actor makes more than one update")
     first_pass = len(parts) // config.actor.epochs
-    pad_mb = padding_micro_batch(batch.token_ids.device, batching)
 
-    def padding() -> None:
-        lp, _ = action_logprobs(actor, pad_mb, config.temperature)
+    def padding(mb: MicroBatch) -> None:
+        lp, _ = action_logprobs(actor, mb, config.temperature)
         (lp.sum() * 0).backward()
 
     def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
@@ -293,10 +292,9 @@ def update_critic(
             range(shard.total), config.critic.mini_batches, config.critic.epochs, generator
         )
     )
-    pad_mb = padding_micro_batch(batch.token_ids.device, batching)
 
-    def padding() -> None:
-        (action_values(critic, pad_mb).sum() * 0).backward()
+    def padding(mb: MicroBatch) -> None:
+        (action_values(critic, mb).sum() * 0).backward()
 
     def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
         values = action_values(critic, mb)
