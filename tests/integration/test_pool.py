@@ -252,3 +252,70 @@ async def test_requests_wait_for_a_restarting_engine_instead_of_failing() -> Non
         assert len(out.output_ids) == 5 and pool.counters["restarts"] == 1
     finally:
         await pool.close()
+
+
+async def test_attach_follows_a_new_set_of_engine_urls(sims) -> None:
+    members = await sims(3)
+    url = [str(m.engine.base_url) for m in members]  # type: ignore[attr-defined]
+    clients = {u: m.engine for u, m in zip(url, members, strict=True)}
+    pool = EnginePool([Member(u, clients[u]) for u in url[:2]], client=clients.__getitem__)
+    first = await pool.generate(req("s-1", 4))
+    assert len(first.output_ids) == 4
+    sticky = pool._affinity["s"].name
+    pool.attach([u for u in url if u != sticky])  # that engine was replaced by the third
+    assert [m.name for m in pool.members] == [u for u in url[:2] if u != sticky] + [url[2]]
+    assert [m.active for m in pool.members] == [True, True]
+    outs = [await pool.generate(req(f"s-{i}", 4)) for i in range(2, 6)]  # the session moves
+    assert all(len(o.output_ids) == 4 for o in outs)
+    assert pool._affinity["s"].name != sticky
+    pool.attach(url[2:])
+    assert [m.name for m in pool.members] == url[2:]
+    await pool.close()
+
+
+async def test_a_launcher_that_delivers_weights_is_used_for_syncs_and_restarts(
+    sims, tmp_path
+) -> None:
+    (member,) = await sims(1)
+    engine = member.engine
+
+    class Delivering:
+        """A launcher that loads weights itself (as a Ray engine actor does)."""
+
+        ready_timeout_s = 5.0
+
+        def __init__(self) -> None:
+            self.loads: list[tuple[str, int]] = []
+            self.up = True
+
+        async def start(self) -> str:
+            self.up = True
+            return str(engine.base_url)  # type: ignore[attr-defined]
+
+        async def stop(self) -> None:
+            self.up = False
+
+        def alive(self) -> bool:
+            return self.up
+
+        async def load_weights(self, path: str, version: int) -> None:
+            self.loads.append((path, version))
+            await engine.update_weights_from_disk(str(tmp_path), version)  # its node's copy
+
+    launcher = Delivering()
+    pool = EnginePool(
+        [Member("launched-0", engine, launcher)],
+        PoolConfig(health_interval_s=0.05, failure_threshold=1),
+        client=lambda _: engine,
+    )
+    await pool.update_weights("object-store:v3", 3)
+    assert launcher.loads == [("object-store:v3", 3)] and pool.members[0].weight_version == 3
+    await pool.start()
+    try:
+        launcher.up = False  # the actor died: the pool restarts it at the current weights
+        await wait_until(lambda: pool.counters["restarts"] >= 1, "the engine restarted", 30)
+        assert launcher.loads == [("object-store:v3", 3)] * 2
+        out = await pool.generate(req("after", 3))
+        assert out.weight_version == 3
+    finally:
+        await pool.close()

@@ -15,6 +15,8 @@ or talks nonsense costs time, never a sample.
   paused in place and continued on them (`update_mode = "in_place"`: no KV recomputed), or
   waited for; every active engine loads the weights and must report the new version; one that
   fails is taken out and restarted rather than left serving old weights. Bounded by a timeout.
+  A launcher with `load_weights(path, version)` (a Ray actor) delivers weights to its engine
+  itself, for syncs and for a restarted engine alike.
 
 One module of ~520 lines: routing, health checks, fail-over with resume, restarts and weight
 sync all read and change the same members' state on one event loop.
@@ -114,6 +116,7 @@ class EnginePool:
         self._health_task: asyncio.Task[None] | None = None
         self.detection_s: list[float] = []  # last good contact -> taken out, per deactivation
         self._restarts: set[asyncio.Task[None]] = set()
+        self._retired: list[Member] = []  # detached, closed with the pool
 
     @classmethod
     async def launch(
@@ -151,11 +154,27 @@ class EnginePool:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._health_task = None
-        for m in self.members:
+        for m in [*self.members, *self._retired]:
             if m.launcher is not None:
                 await m.launcher.stop()
             if isinstance(m.engine, EngineClient):
                 await m.engine.close()
+
+    def attach(self, urls: Sequence[str]) -> None:
+        """The engines others run are exactly `urls` from now on (a gateway following the
+        pool that launches them, as it replaces engines): new ones join rotation, those no
+        longer listed leave it (their requests in flight fail over as from a dead engine).
+        Launched members are unaffected."""
+        wanted = list(dict.fromkeys(urls))
+        known = {m.name for m in self.members}
+        keep = [m for m in self.members if m.launcher is not None or m.name in wanted]
+        for member in self.members:
+            if member not in keep:
+                member.active = False
+                self._retired.append(member)
+                log.info("engine %s detached", member.name)
+        self.members = keep + [Member(url, self.client(url)) for url in wanted if url not in known]
+        self._changed.set()
 
     def engines(self) -> dict[str, Engine]:
         """The engines in rotation now, by member name (a restarted engine's new client)."""
@@ -379,9 +398,7 @@ class EnginePool:
                         await member.engine.close()
                     member.engine = self.client(url)
                     if self.weights_path is not None:
-                        await member.engine.update_weights_from_disk(
-                            self.weights_path, self.weight_version
-                        )
+                        await self._from_disk(member, self.weights_path, self.weight_version)
                     member.weight_version = self.weight_version
                     if not await member.engine.health_generate():
                         raise RuntimeError("health_generate failed")
@@ -473,7 +490,7 @@ class EnginePool:
                 await in_process(tensors, version)
             else:
                 assert model_path is not None
-                await member.engine.update_weights_from_disk(model_path, version)
+                await self._from_disk(member, model_path, version)
             info = await member.engine.model_info()
         except (WeightLoadError, EngineHTTPError, *_RETRYABLE) as e:
             return e
@@ -481,6 +498,17 @@ class EnginePool:
             return RuntimeError(f"reports v{info.get('weight_version')}")
         member.weight_version = version
         return None
+
+    @staticmethod
+    async def _from_disk(member: Member, model_path: str, version: int) -> None:
+        """Load `model_path` into one engine: through its launcher when that delivers weights
+        itself (a Ray actor, which may first fetch them from the object store), else with the
+        engine's own `update_weights_from_disk`."""
+        deliver = getattr(member.launcher, "load_weights", None)
+        if deliver is not None:
+            await deliver(model_path, version)
+        else:
+            await member.engine.update_weights_from_disk(model_path, version)
 
     # ------------------------------------------------------------------ Engine protocol rest
 
