@@ -9,6 +9,10 @@ does for any launched engine: takes it out of rotation, resumes its requests els
 replaces it (`stop`, then `start`: a new actor) at the current weights. The server dies with
 its actor (the launcher's parent-death signal), so killing an actor leaves no server behind.
 
+Weights reach the server through its actor (`load_weights`, which the pool calls in place of
+the server's `update_weights_from_disk`): a package from the object store is written to the
+actor's node (`tracerl.cluster.weights`) and loaded from there; a path is loaded as it is.
+
 The server listens on 127.0.0.1 of its node. With `engine.api_key` set the actor also serves a
 `KeyedProxy` on `cluster.bind` that requires the key, and that is the URL the pool gets;
 `cluster.bind` beyond loopback needs the key, so no engine is reachable from another machine
@@ -17,12 +21,15 @@ without it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from tracerl.cluster.ray_cluster import cause, import_ray
+from tracerl.cluster.weights import WeightsChannel
 from tracerl.config.cluster import RoleResources, is_loopback
 from tracerl.config.engine import EngineConfig
 
@@ -38,6 +45,8 @@ class EngineServer:
     def __init__(self) -> None:
         self.launcher: Any = None
         self.proxy: Any = None
+        self.client: Any = None  # the server's own, on 127.0.0.1 (never through the proxy)
+        self.scratch: Path | None = None
 
     async def start(
         self,
@@ -62,6 +71,7 @@ class EngineServer:
 
         self.launcher = process_launcher(engine, Path(model_dir), Path(log_path), name, make)
         url: str = await self.launcher.start()
+        self.client = make(url)
         if not api_key:
             if not is_loopback(bind):
                 raise ValueError(f"cluster.bind {bind!r} needs engine.api_key")
@@ -71,6 +81,19 @@ class EngineServer:
         host = bind if is_loopback(bind) else ray.util.get_node_ip_address()
         return f"http://{host}:{port}"
 
+    async def load_weights(self, source: dict[str, bytes] | str, version: int) -> None:
+        """Load `source` into the server: a weights package (written to this node first) or
+        a directory path."""
+        from tracerl.cluster.weights import scratch_dir, unpack
+
+        if isinstance(source, dict):
+            if self.scratch is None:
+                self.scratch = scratch_dir()
+            path = str(await asyncio.to_thread(unpack, source, self.scratch / "weights"))
+        else:
+            path = source
+        await self.client.update_weights_from_disk(path, version)
+
     async def wait(self) -> int | None:
         """Returns when the server exits (its exit code)."""
         process = self.launcher.process
@@ -79,8 +102,12 @@ class EngineServer:
     async def stop(self) -> None:
         if self.proxy is not None:
             await self.proxy.close()
+        if self.client is not None and hasattr(self.client, "close"):
+            await self.client.close()
         if self.launcher is not None:
             await self.launcher.stop()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def where(self) -> dict[str, Any]:
         """The node, the server's process and this actor's."""
@@ -101,8 +128,11 @@ class RayEngineLauncher:
         log_path: Path,
         index: int,
         bind: str = "127.0.0.1",
+        weights: WeightsChannel | None = None,
     ) -> None:
+        """`weights`: the run's object-store weights, which `load_weights` resolves."""
         self.config = config
+        self.weights = weights or WeightsChannel()
         self.bind = bind
         self.resources = resources
         self.model_dir = model_dir
@@ -123,7 +153,7 @@ class RayEngineLauncher:
                 num_gpus=r.num_gpus,
                 resources=dict(r.resources),
                 max_restarts=0,
-                max_concurrency=4,  # start/wait/stop/where at once
+                max_concurrency=8,  # wait runs throughout; start/load/stop/where beside it
             )
             .remote()
         )
@@ -139,6 +169,18 @@ class RayEngineLauncher:
         self.exited = self.actor.wait.remote()
         self.placement = await self.actor.where.remote()
         return url
+
+    async def load_weights(self, path: str, version: int) -> None:
+        """Bring the server to `version` from `path` (an object-store package's name, or a
+        directory on the actor's node), through its actor."""
+        from tracerl.engine.types import WeightLoadError
+
+        if self.actor is None:
+            raise WeightLoadError(f"{self.name} is not running")
+        try:
+            await self.actor.load_weights.remote(self.weights.resolve(path), version)
+        except Exception as e:
+            raise WeightLoadError(f"{self.name}: loading v{version} failed: {cause(e)}") from e
 
     async def stop(self) -> None:
         if self.actor is None:

@@ -10,8 +10,10 @@ group's rendezvous.
 A rank that dies (or raises) fails the call on every rank: the group is torn down, since its
 peers would wait in a collective until gloo's timeout, and `TrainerRankError` says which rank
 and what happened. The run stops there; `--resume` continues from its last checkpoint.
-Checkpoints and exports are written by the ranks, so their directories must be ones every
-rank's node sees (one machine, or a shared filesystem).
+Checkpoints are written by the ranks, so their directory must be one every rank's node sees
+(one machine, or a shared filesystem). Weights for the engines go through the object store
+(`publish_weights`, `tracerl.cluster.weights`) or, with `cluster.weight_sync = "disk"`, through
+`export` to the run directory.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from tracerl.cluster.ray_cluster import (
     reservation,
     wait_placed,
 )
+from tracerl.cluster.weights import Packer, WeightsChannel
 from tracerl.config.cluster import ClusterConfig
 from tracerl.config.train import TrainerConfig
 from tracerl.train.checkpoint import CheckpointError
@@ -52,6 +55,7 @@ class TrainerRank:
         self.rank, self.world_size = rank, world_size
         torch.set_num_threads(threads)
         self.trainer: Any = None
+        self.packer = Packer()
 
     def rendezvous(self) -> str:
         """`host:port` on this node for the process group's store (rank 0 only)."""
@@ -91,6 +95,14 @@ class TrainerRank:
 
     def export(self, path: str) -> str:
         return str(self.trainer.export(path))
+
+    def pack_weights(self) -> list[Any] | None:
+        """Every rank gathers; rank 0 puts the engines' files in the object store:
+        `[reference]` (a list, so the caller gets the reference, not the bytes)."""
+        import ray
+
+        package = self.packer.package(self.trainer, self.rank)
+        return [ray.put(package)] if package is not None else None
 
     def step_count(self) -> int:
         return int(self.trainer.step_count)
@@ -137,6 +149,7 @@ class RayTrainer:
         self.device = torch.device(self.placement[0]["device"])
         self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.model))
         self.step_count = 0
+        self.weights = WeightsChannel() if cluster.weight_sync == "object_store" else None
         log.info(
             "trainer: %d rank(s) on %s", role.ranks, [p["node_id"][:8] for p in self.placement]
         )
@@ -179,9 +192,17 @@ class RayTrainer:
     def export(self, path: str | Path) -> Path:
         return Path(self._all("export", str(path))[0])
 
+    def publish_weights(self, version: int) -> str:
+        """The actor's weights in the object store, named in `self.weights` (the path to give
+        the engine pool)."""
+        assert self.weights is not None, "cluster.weight_sync is 'disk'"
+        (ref,) = self._all("pack_weights")[0]
+        return self.weights.publish(version, ref)
+
     def actor_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         raise NotImplementedError(
-            "trainer ranks on Ray push weights through export (served engines), not in process"
+            "trainer ranks on Ray push weights through the object store or export (served "
+            "engines), not in process"
         )
 
     def close(self) -> None:

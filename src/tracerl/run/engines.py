@@ -6,7 +6,8 @@ step's weights. Split from `loop.py`, which calls these at start-up and after ev
 - Servers (any other backend, or `engine.urls`) are launched or attached by
   `tracerl.rollout.backends`; they load the actor the trainer exports to `RUN_DIR/weights/`.
 - On Ray (`cluster.backend = "ray"`) every engine is a server (the embedded engine as
-  `tracerl engine`), launched by an actor of its own (`tracerl.cluster.engine_actor`).
+  `tracerl engine`), launched by an actor of its own (`tracerl.cluster.engine_actor`), and
+  takes weights through the object store (`cluster.weight_sync`, `tracerl.cluster.weights`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 from tracerl.config import TrainCommandConfig
 
 if TYPE_CHECKING:
+    from tracerl.cluster.weights import WeightsChannel
     from tracerl.rollout.pool import EnginePool
-    from tracerl.run.trainers import AnyTrainer as Trainer
+    from tracerl.run.trainers import AnyTrainer
 
 
 def served(config: TrainCommandConfig, given: dict[str, Any] | None) -> bool:
@@ -29,7 +31,9 @@ def served(config: TrainCommandConfig, given: dict[str, Any] | None) -> bool:
     return given is None and (engine.backend != "local" or bool(engine.urls) or on_ray)
 
 
-def shares_cpu(config: TrainCommandConfig, given: dict[str, Any] | None, trainer: Trainer) -> bool:
+def shares_cpu(
+    config: TrainCommandConfig, given: dict[str, Any] | None, trainer: AnyTrainer
+) -> bool:
     """The trainer and the engines compute on the same cores: engines this run starts
     (embedded, or servers launched here) with a CPU trainer. Given engines (the benchmarks'
     simulated ones) do no compute, and attached ones run elsewhere."""
@@ -37,7 +41,15 @@ def shares_cpu(config: TrainCommandConfig, given: dict[str, Any] | None, trainer
     return given is None and not attached and trainer.device.type == "cpu"
 
 
-async def export(trainer: Trainer, run_dir: Path) -> Path:
+def _object_store(trainer: AnyTrainer) -> WeightsChannel | None:
+    """The trainer's object-store weights channel: trainer ranks on Ray with
+    `cluster.weight_sync = "object_store"`."""
+    from tracerl.cluster.trainer_group import RayTrainer
+
+    return trainer.weights if isinstance(trainer, RayTrainer) else None
+
+
+async def export(trainer: AnyTrainer, run_dir: Path) -> Path:
     """The actor as a Hugging Face directory in the run directory (replaced atomically), for
     engines in other processes to load."""
     return await asyncio.to_thread(trainer.export, run_dir / "weights")
@@ -46,7 +58,7 @@ async def export(trainer: Trainer, run_dir: Path) -> Path:
 async def start(
     config: TrainCommandConfig,
     given: dict[str, Any] | None,
-    trainer: Trainer,
+    trainer: AnyTrainer,
     run_dir: Path,
     step: int,
     closers: list[Any],
@@ -59,8 +71,11 @@ async def start(
         from tracerl.models import resolve_model
         from tracerl.rollout.backends import backend_log_dir, start_pool
 
-        # a resumed run's engines start on its trained weights, a new run's on the base
-        base = await export(trainer, run_dir) if step else resolve_model(config.trainer.model)
+        # a resumed run's engines start on its trained weights (sent once they run, through
+        # the object store), a new run's on the base
+        channel = _object_store(trainer)
+        from_disk = bool(step) and channel is None
+        base = await export(trainer, run_dir) if from_disk else resolve_model(config.trainer.model)
         logs = backend_log_dir(config.engine, run_dir / "logs")
         launcher_for = None
         if config.cluster.backend == "ray":
@@ -69,11 +84,13 @@ async def start(
             def launcher_for(i: int, _: Any) -> RayEngineLauncher:
                 log_path, cluster = logs / f"engine-{i}.log", config.cluster
                 return RayEngineLauncher(
-                    config.engine, cluster.engines, base, log_path, i, cluster.bind
+                    config.engine, cluster.engines, base, log_path, i, cluster.bind, channel
                 )
 
         pool = await start_pool(config.engine, base, logs, config.pool, launcher_for)
         closers.append(pool.close)
+        if step and not from_disk:
+            await push(pool, trainer, run_dir, step, servers=True)
         return pool
     from tracerl.engine.local import LocalEngine
 
@@ -89,9 +106,18 @@ async def start(
     return pool
 
 
-async def push(pool: EnginePool, trainer: Trainer, run_dir: Path, step: int, servers: bool) -> None:
-    """Step `step`'s weights into every engine: in process, or from disk for servers."""
-    if servers:
-        await pool.update_weights(str(await export(trainer, run_dir)), step)
-    else:
+async def push(
+    pool: EnginePool, trainer: AnyTrainer, run_dir: Path, step: int, servers: bool
+) -> None:
+    """Step `step`'s weights into every engine: in process; for servers, through the object
+    store (trainer ranks on Ray, by default) or from the export in the run directory."""
+    if not servers:
         await pool.update_weights(None, step, trainer.actor_named_tensors())
+        return
+    from tracerl.cluster.trainer_group import RayTrainer
+
+    if isinstance(trainer, RayTrainer) and trainer.weights is not None:
+        path = await asyncio.to_thread(trainer.publish_weights, step)
+    else:
+        path = str(await export(trainer, run_dir))
+    await pool.update_weights(path, step)

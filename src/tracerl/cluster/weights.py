@@ -1,0 +1,147 @@
+"""Each step's weights through Ray's object store (`cluster.weight_sync = "object_store"`), so
+engines on other machines need no filesystem shared with the trainer.
+
+The first time, rank 0 exports the actor as a Hugging Face directory on its own node (the ranks
+gather the shards for it, as for any export) and reads the files engines load (weights, config,
+tokenizer) into one `{relative path: bytes}` package (`Packer`). Later packages keep those files
+and serialize only the weights, from the actor's gathered tensors in memory, under the names the
+export gave them (when it held one safetensors file of named parameters; otherwise every
+package is a full export). Rank 0 puts the package in the object store. The driver keeps the
+newest package's reference in a `WeightsChannel` under a name of its own (`object-store:vN`),
+which is what the engine pool records as the weights' path: every engine actor, and one that
+replaces a dead engine later, resolves that name to the package, writes it to its own node's
+disk and has its server load it from there (`update_weights_from_disk`), so every backend that
+loads from disk takes weights this way. The version rule is the pool's, unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PREFIX = "object-store:"
+SKIPPED = ("critic/",)
+"""Export files engines never load."""
+
+
+def pack(directory: Path) -> dict[str, bytes]:
+    """The files of an exported model directory engines load, by relative path."""
+    files = {}
+    for path in sorted(directory.rglob("*")):
+        name = path.relative_to(directory).as_posix()
+        if path.is_file() and not name.startswith(SKIPPED):
+            files[name] = path.read_bytes()
+    if not any(name.endswith(".safetensors") for name in files):
+        raise ValueError(f"{directory} holds no .safetensors weights to send")
+    return files
+
+
+def unpack(files: dict[str, bytes], directory: Path) -> Path:
+    """Write a package as `directory` (replacing it whole: a server never reads a mix of two
+    versions)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{directory.name}-", dir=directory.parent))
+    try:
+        for name, data in files.items():
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                raise ValueError(f"weights package entry {name!r} leaves its directory")
+            out = tmp / name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(data)
+        if directory.exists():
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return directory
+
+
+WEIGHTS = "model.safetensors"
+
+
+class Packer:
+    """A trainer rank's packages (see the module docstring). Every rank calls `package`
+    (the gathers are collectives); rank 0 gets the package, the others None."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.names: list[str] | None = None
+        """The weights' names in the export; None until one was made (or when every package
+        must be a full export)."""
+
+    def package(self, trainer: Any, rank: int) -> dict[str, bytes] | None:
+        if self.names is None:
+            return self._export(trainer, rank)
+        tensors = dict(trainer.actor_named_tensors())
+        if rank != 0:
+            return None
+        from safetensors.torch import save
+
+        weights = {name: tensors[name].contiguous() for name in self.names}
+        return {**self.files, WEIGHTS: save(weights, metadata={"format": "pt"})}
+
+    def _export(self, trainer: Any, rank: int) -> dict[str, bytes] | None:
+        import torch
+
+        from tracerl.algo.distributed import all_reduce_max
+
+        scratch = scratch_dir()
+        try:
+            exported = Path(trainer.export(scratch / "actor"))
+            files = pack(exported) if rank == 0 else {}
+            names = _parameter_names(exported, trainer) if rank == 0 else None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        # rank 0 alone read the export; every rank must agree on the next package's kind
+        reusable = all_reduce_max(torch.tensor(float(names is not None)))
+        if reusable.item():
+            self.files = {k: v for k, v in files.items() if k != WEIGHTS}
+            self.names = names or []
+        return files if rank == 0 else None
+
+
+def _parameter_names(exported: Path, trainer: Any) -> list[str] | None:
+    """The names in the export's one safetensors file when each is a parameter of the actor
+    (so a later package can be serialized from the parameters), else None."""
+    from safetensors import safe_open
+
+    if sorted(p.name for p in exported.glob("*.safetensors")) != [WEIGHTS]:
+        return None  # sharded into several files
+    with safe_open(str(exported / WEIGHTS), framework="pt") as f:
+        names = list(f.keys())
+    parameters = {n for n, _ in trainer.actor.named_parameters(remove_duplicate=False)}
+    return names if set(names) <= parameters else None
+
+
+def scratch_dir() -> Path:
+    """Where a node writes weights it is sent: memory-backed /dev/shm when there is one."""
+    shm = Path("/dev/shm")
+    base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    return Path(tempfile.mkdtemp(prefix="tracerl-weights-", dir=base))
+
+
+@dataclass
+class WeightsChannel:
+    """The driver's newest weights package: its name (the pool's weights path) and its object
+    reference, which keeps it in the object store until a newer one replaces it."""
+
+    name: str | None = None
+    ref: Any = None
+
+    def publish(self, version: int, ref: Any) -> str:
+        self.name, self.ref = f"{PREFIX}v{version}", ref
+        return self.name
+
+    def resolve(self, path: str) -> Any:
+        """The package reference for `path` when it names the newest package; else `path`
+        itself (a directory the server loads as it is)."""
+        if path.startswith(PREFIX):
+            if path != self.name:
+                raise ValueError(f"weights {path} are gone (the newest are {self.name})")
+            return self.ref
+        return path

@@ -1,0 +1,65 @@
+"""Weights packaged for the object store (no Ray needed): a package is the export's files, a
+later one the same files with the weights serialized from the trainer's tensors in memory, and
+a package unpacks to a directory the engine loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tracerl.cluster.weights import Packer, WeightsChannel, pack, unpack
+from tracerl.config.train import TrainerConfig
+from tracerl.engine.weights import read_weights_dir
+from tracerl.train.trainer import Trainer
+
+
+def test_later_packages_carry_the_trained_weights_under_the_exports_names(tmp_path: Path) -> None:
+    trainer = Trainer(TrainerConfig(model="tiny"))
+    packer = Packer()
+    first = packer.package(trainer, rank=0)
+    assert first is not None and packer.names  # one file of named parameters: reusable
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= first.keys()
+    assert not any(name.startswith("critic/") for name in first)
+    with torch.no_grad():  # as a step would
+        for p in trainer.actor.parameters():
+            p.add_(0.5)
+    second = packer.package(trainer, rank=0)
+    assert second is not None and second.keys() == first.keys()
+    assert second["config.json"] == first["config.json"]
+    loaded = read_weights_dir(unpack(second, tmp_path / "v2"))
+    exported = read_weights_dir(trainer.export(tmp_path / "export"))
+    assert loaded.keys() == exported.keys()
+    for name, tensor in exported.items():
+        assert torch.equal(loaded[name], tensor), name
+    assert not torch.equal(read_weights_dir(unpack(first, tmp_path / "v1"))[name], tensor)
+    assert packer.package(trainer, rank=1) is None  # only rank 0 sends
+
+
+def test_unpack_replaces_the_directory_and_refuses_paths_out_of_it(tmp_path: Path) -> None:
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "model.safetensors").write_bytes(b"w1")
+    (tmp_path / "export" / "critic").mkdir()
+    (tmp_path / "export" / "critic" / "model.safetensors").write_bytes(b"c")
+    files = pack(tmp_path / "export")
+    assert files == {"model.safetensors": b"w1"}
+    target = unpack(files, tmp_path / "node" / "weights")
+    unpack({"model.safetensors": b"w2", "config.json": b"{}"}, target)
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert (target / "model.safetensors").read_bytes() == b"w2"
+    with pytest.raises(ValueError, match="'../evil' leaves its directory"):
+        unpack({"../evil": b"x"}, target)
+    assert (target / "model.safetensors").read_bytes() == b"w2"  # untouched
+    with pytest.raises(ValueError, match="no .safetensors weights"):
+        pack(tmp_path / "node" / "nothing-here")
+
+
+def test_the_channel_resolves_only_the_newest_package() -> None:
+    channel = WeightsChannel()
+    assert channel.resolve("/shared/weights") == "/shared/weights"
+    name = channel.publish(3, "ref-3")
+    assert name == "object-store:v3" and channel.resolve(name) == "ref-3"
+    channel.publish(4, "ref-4")
+    with pytest.raises(ValueError, match="object-store:v3 are gone"):
+        channel.resolve(name)
