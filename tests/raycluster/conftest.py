@@ -135,8 +135,8 @@ class TwoNodes:
         self._until_nodes(1)
         self.worker = self._start(
             tmp / "worker.log",
-            [ray, "start", "--address", self.address, "--num-cpus", "3",
-             "--resources", '{"engine_node": 2}', *common],
+            [ray, "start", "--address", self.address, "--num-cpus", "4",
+             "--resources", '{"engine_node": 2, "cpu_node": 4}', *common],
         )  # fmt: skip
         self.nodes = self._until_nodes(2)
 

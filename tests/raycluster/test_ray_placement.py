@@ -1,6 +1,7 @@
 """Placement on a cluster of two nodes (a head and a `ray start --address` node on this
 machine, each with its own CPUs and custom resources): the trainer ranks go where
-`cluster.trainer.resources` says and the engines where `cluster.engines.resources` says."""
+`cluster.trainer.resources` says, the engines where `cluster.engines.resources` says, and the
+agent workers where `cluster.agents.resources` says; a gateway actor serves them."""
 
 from __future__ import annotations
 
@@ -26,10 +27,16 @@ def test_roles_are_placed_on_the_nodes_their_resources_name(
         "--cluster.trainer.resources.trainer_node=1",
         "--engine.count=2",
         "--cluster.engines.resources.engine_node=1",
+        "--cluster.agents.workers=2",
+        "--cluster.agents.num_cpus=0.5",
+        "--cluster.agents.resources.cpu_node=1",
+        "--cluster.gateways.count=1",
         env=two_nodes.env,
     )
     assert run.wait() == 0, run.output()
     record = run.cluster()
+    assert [w["node_id"] for w in record["agent_workers"]] == [two_nodes.node_with("cpu_node")] * 2
+    assert [g["actor"] for g in record["gateways"]] == [True]
     trainer_node, engine_node = (
         two_nodes.node_with("trainer_node"),
         two_nodes.node_with("engine_node"),

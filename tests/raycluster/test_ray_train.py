@@ -1,6 +1,7 @@
 """`tracerl train examples/tiny.toml --cluster.backend=ray`: 2 trainer ranks (FSDP2 over gloo)
-and 2 engine servers as Ray actors, against the same run in one process; and what happens when
-an engine actor or a trainer rank dies, or the driver is interrupted."""
+and 2 engine servers as Ray actors (weights through the object store), against the same run in
+one process; gateways and agent workers as actors; and what happens when an engine actor, an
+agent worker or a trainer rank dies, or the driver is interrupted."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def test_a_run_on_ray_has_the_shape_of_the_local_run(
         shards = {f for f in ray_ckpt[name] if f.endswith(".distcp")}
         assert ray_ckpt[name] - shards == files - {f for f in files if f.endswith(".distcp")}
         assert len(shards) == 2
+    assert not (ray_run.run_dir / "weights").exists()  # weights went through the object store
     record = ray_run.cluster()
     assert record["backend"] == "ray" and len(record["trainer_ranks"]) == 2
     assert [e["active"] for e in record["engines"]] == [True, True]
@@ -92,6 +94,37 @@ def test_an_engine_actor_killed_mid_run_is_replaced_and_no_episode_is_lost(
     assert not failed.exists() or failed.read_text() == "", failed.read_text()
 
 
+# two gateways and two agent workers beside the ranks and engines, in the same 6 logical CPUs
+ACTORS = [
+    "--cluster.gateways.count=2",
+    "--cluster.gateways.num_cpus=0.5",
+    "--cluster.agents.workers=2",
+    "--cluster.agents.num_cpus=0.5",
+]
+
+
+def test_a_killed_agent_worker_is_replaced_and_its_episode_played_again(
+    tmp_path: Path, runs: Callable[..., Run]
+) -> None:
+    steps = 30
+    run = runs(tmp_path / "run", f"--loop.steps={steps}", *RAY_ARGS, *ACTORS)
+    run.until(lambda: run.steps() >= 1, "a first step")
+    record = run.cluster()
+    assert [g["actor"] for g in record["gateways"]] == [True, True]
+    victim = record["agent_workers"][0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    run.until(lambda: run.cluster()["agent_worker_restarts"] >= 1, "the agent worker replaced")
+    assert run.wait() == 0, run.output()
+    record = run.cluster()
+    assert record["episodes_replayed"] >= 1
+    assert record["agent_workers"][0]["pid"] != victim["pid"]
+    assert [m["step"] for m in metric_lines(run.run_dir)] == list(range(1, steps + 1))
+    failed = run.run_dir / "episodes_failed.jsonl"
+    assert not failed.exists() or failed.read_text() == "", failed.read_text()
+    # both gateways recorded turns into the run's one store
+    assert trained_sessions(run.run_dir) >= steps * 8
+
+
 def test_a_killed_trainer_rank_stops_the_run_and_resume_continues(
     tmp_path: Path, runs: Callable[..., Run]
 ) -> None:
@@ -112,7 +145,13 @@ def test_a_killed_trainer_rank_stops_the_run_and_resume_continues(
 
 def test_with_a_key_every_engine_requires_it(tmp_path: Path, runs: Callable[..., Run]) -> None:
     key = "engine-key-" + "q" * 24
-    run = runs(tmp_path / "run", "--loop.steps=20", *RAY_ARGS, f"--engine.api_key={key}")
+    run = runs(
+        tmp_path / "run",
+        "--loop.steps=20",
+        *RAY_ARGS,
+        f"--engine.api_key={key}",
+        "--cluster.weight_sync=disk",  # the servers load RUN_DIR/weights themselves
+    )
     run.until(lambda: run.steps() >= 1, "a first step")
     urls = [e["url"] for e in run.cluster()["engines"]]
     assert all(u.startswith("http://127.0.0.1:") for u in urls)  # the keyed proxies
@@ -127,18 +166,21 @@ def test_with_a_key_every_engine_requires_it(tmp_path: Path, runs: Callable[...,
             assert got == status, (url, headers)
     assert run.wait() == 0, run.output()
     assert [m["step"] for m in metric_lines(run.run_dir)] == list(range(1, 21))
+    assert (run.run_dir / "weights" / "model.safetensors").is_file()
     # never written out: the resolved config holds a mask
     assert key not in run.output() and key not in (run.run_dir / "config.json").read_text()
     assert "**********" in (run.run_dir / "config.json").read_text()
 
 
 def test_ctrl_c_stops_every_actor_and_server(tmp_path: Path, runs: Callable[..., Run]) -> None:
-    run = runs(tmp_path / "run", "--loop.steps=50", *RAY_ARGS)
+    run = runs(tmp_path / "run", "--loop.steps=50", *RAY_ARGS, *ACTORS)
     run.until(lambda: run.steps() >= 1, "a first step")
     record = run.cluster()
     os.killpg(run.process.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
     assert run.wait() == 130, run.output()
     pids = [r["pid"] for r in record["trainer_ranks"]]
     pids += [e[k] for e in record["engines"] for k in ("pid", "actor_pid")]
+    pids += [a["pid"] for a in (*record["gateways"], *record["agent_workers"])]
+    assert len(pids) == 2 + 4 + 2 + 2
     assert until_gone(pids) == []
     assert (run.run_dir / "checkpoints").is_dir()

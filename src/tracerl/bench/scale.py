@@ -10,15 +10,18 @@ of Ray with 1 rank and 1 engine to the in-process run at the same resources (tar
 slower, ratio >= 0.9). On one machine more ranks or engines add no cores, so their figures show
 what placement costs, not a speed-up.
 
-Weight sync (`time/weight_sync_s`): on Ray the trainer ranks gather the actor and export it,
-and every engine reloads it from disk; in process the embedded engine takes the tensors in
-place. `--model` is the second size (default `smollm2-135m`; not with `--quick`).
+Weight sync (`time/weight_sync_s`): on Ray the trainer ranks gather the actor, rank 0 puts it
+in the object store and every engine actor writes it to its node and has its server reload it
+(`_disk_sync`: rank 0 exports to the run directory instead); in process the embedded engine
+takes the tensors in place. The `_gateway_agent_actors` run also places a gateway and an agent
+worker as actors. `--model` is the second size (default `smollm2-135m`; not with `--quick`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -32,14 +35,23 @@ from tracerl.run.metrics import read_metrics
 TARGET_RATIO = 0.9
 ROOT = Path(__file__).parents[3]
 EXAMPLE = ROOT / "examples" / "tiny.toml"
-RAY = ["--cluster.backend=ray", "--cluster.num_cpus=6"]
+CORES = os.cpu_count() or 1
+# Equal resources: one rank computes on all the cores, as the in-process trainer does (torch's
+# default); two ranks on one core each.
+RAY = ["--cluster.backend=ray", "--cluster.num_cpus=8"]
+ONE_RANK = [*RAY, f"--cluster.trainer.num_cpus={CORES}"]
+TWO_RANKS = [*RAY, "--cluster.trainer.ranks=2", f"--cluster.trainer.num_cpus={max(1, CORES // 2)}"]
 SETUPS: dict[str, list[str]] = {
     "in_process": [],
-    "ray_1rank_1engine": [*RAY],
-    "ray_2ranks_1engine": [*RAY, "--cluster.trainer.ranks=2"],
-    "ray_1rank_2engines": [*RAY, "--engine.count=2"],
-    "ray_2ranks_2engines": [*RAY, "--cluster.trainer.ranks=2", "--engine.count=2"],
-}
+    "ray_1rank_1engine": ONE_RANK,
+    "ray_1rank_1engine_disk_sync": [*ONE_RANK, "--cluster.weight_sync=disk"],
+    "ray_1rank_1engine_gateway_agent_actors": [
+        *ONE_RANK, "--cluster.gateways.count=1", "--cluster.agents.workers=1",
+    ],
+    "ray_2ranks_1engine": TWO_RANKS,
+    "ray_1rank_2engines": [*ONE_RANK, "--engine.count=2"],
+    "ray_2ranks_2engines": [*TWO_RANKS, "--engine.count=2"],
+}  # fmt: skip
 RUN_DEADLINE_S = 1800.0
 
 

@@ -1,5 +1,6 @@
-"""What runs where: a run's trainer ranks and engines, written to `RUN_DIR/cluster.json` at
-start-up and after every step, and read back by `tracerl cluster status RUN_DIR`.
+"""What runs where: a run's trainer ranks, engines, gateways and agent workers, written to
+`RUN_DIR/cluster.json` at start-up and after every step, and read back by `tracerl cluster
+status RUN_DIR`.
 
 The record is the run's own view (the ranks it formed, the engines its pool launched or
 attached, which of them are in rotation, on which node and process), so it reads the same for a
@@ -51,6 +52,23 @@ def snapshot(backend: str, trainer: Any, pool: Any) -> dict[str, Any]:
     }
 
 
+def places(gateways: Any, agent_workers: Any, runner_counters: Any) -> dict[str, Any]:
+    """The record's gateways and agent workers (`tracerl.run.gateways`), and the episodes
+    their losses made the runner play again."""
+    if gateways.actors is not None:
+        listed = [{**g, "actor": True} for g in gateways.records]
+    else:
+        listed = [{"url": url, "node_id": None, "pid": os.getpid(), "actor": False}
+                  for url in gateways.urls]  # fmt: skip
+    return {
+        "gateways": listed,
+        "gateways_lost": int(runner_counters.get("gateways_lost", 0)),
+        "agent_workers": agent_workers.records() if agent_workers is not None else [],
+        "agent_worker_restarts": agent_workers.restarts if agent_workers is not None else 0,
+        "episodes_replayed": int(runner_counters.get("episodes_replayed", 0)),
+    }
+
+
 def write(run_dir: Path, record: dict[str, Any]) -> None:
     """Replace `RUN_DIR/cluster.json` atomically (a reader never sees half of it)."""
     tmp = run_dir / f".{FILE}.tmp"
@@ -66,6 +84,10 @@ def gauges(record: dict[str, Any]) -> dict[str, float]:
         "cluster/engines": float(len(engines)),
         "cluster/engines_active": float(sum(1 for e in engines if e["active"])),
         "cluster/engine_restarts": float(record["restarts"]),
+        "cluster/gateways": float(len(record.get("gateways", [])) - record.get("gateways_lost", 0)),
+        "cluster/agent_workers": float(len(record.get("agent_workers", []))),
+        "cluster/agent_worker_restarts": float(record.get("agent_worker_restarts", 0)),
+        "cluster/episodes_replayed": float(record.get("episodes_replayed", 0)),
     }
 
 
@@ -90,6 +112,25 @@ def render(record: dict[str, Any]) -> str:
             f"  {e['name']}  {e['url'] or 'in process'}  {state}  v{e['weight_version']}  "
             f"node {node}  pid {e['pid'] if e['pid'] is not None else '-'}"
         )
+    lines.append(
+        f"gateways: {len(record.get('gateways', []))}, {record.get('gateways_lost', 0)} lost"
+    )
+    for g in record.get("gateways", []):
+        node = (g.get("node_id") or "this machine")[:12]
+        kind = "actor" if g.get("actor") else "in the driver"
+        lines.append(f"  {g['url']}  {kind}  node {node}  pid {g['pid']}")
+    workers = record.get("agent_workers", [])
+    if workers:
+        lines.append(
+            f"agent workers: {len(workers)}, {record.get('agent_worker_restarts', 0)} "
+            f"replaced, {record.get('episodes_replayed', 0)} episode(s) replayed"
+        )
+        for w in workers:
+            node = (w.get("node_id") or "starting")[:12]
+            lines.append(
+                f"  worker {w['index']}  node {node}  pid {w.get('pid', '-')}  "
+                f"{w['inflight']} in flight"
+            )
     return "\n".join(lines)
 
 

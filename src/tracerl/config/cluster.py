@@ -1,5 +1,6 @@
 """Configuration of where `tracerl train` runs its parts: in this process (`local`) or placed on
-a Ray cluster (`ray`): trainer ranks, engine servers. No torch, no Ray here."""
+a Ray cluster (`ray`): trainer ranks, engine servers, gateways and agent workers. No torch, no
+Ray here."""
 
 from __future__ import annotations
 
@@ -34,6 +35,20 @@ class TrainerRanksConfig(RoleResources):
     STRICT_ forms, which fail instead of falling back."""
 
 
+class GatewaysConfig(RoleResources):
+    count: int = Field(default=0, ge=0, le=64)
+    """Gateways placed as Ray actors; each episode's session opens on one of them in turn.
+    0: the gateway runs in the driver. With the run's SQLite store they run on the driver's
+    node (the file is that machine's); with `trace_store = "postgresql://..."`, anywhere."""
+
+
+class AgentWorkersConfig(RoleResources):
+    workers: int = Field(default=0, ge=0, le=1024)
+    """Agent workers placed as Ray actors, where episodes are played: the environment (and any
+    agent process it starts) runs there, against the session's gateway URL. 0: episodes play
+    in the driver."""
+
+
 class ClusterConfig(Config):
     backend: Literal["local", "ray"] = "local"
     """`local`: the trainer runs in this process and engines start beside it. `ray`: trainer
@@ -49,10 +64,21 @@ class ClusterConfig(Config):
     engines: RoleResources = Field(default_factory=RoleResources)
     """What each engine server's actor reserves (`engine.count` of them; the engine's own
     flags, e.g. vLLM's tensor parallelism, are `engine.launch_args`)."""
+    gateways: GatewaysConfig = Field(default_factory=GatewaysConfig)
+    """The gateway actors and what each reserves."""
+    agents: AgentWorkersConfig = Field(default_factory=AgentWorkersConfig)
+    """The agent workers and what each reserves, e.g. `resources = {"cpu_node" = 1}` to keep
+    agent sandboxes on CPU nodes apart from the accelerators."""
+    weight_sync: Literal["object_store", "disk"] = "object_store"
+    """How each step's weights reach the engine actors. `object_store`: rank 0 gathers the
+    actor and puts it in Ray's object store; each engine actor writes it to its own node's
+    disk and its server loads it there (no shared filesystem needed). `disk`: rank 0 writes
+    `RUN_DIR/weights` and every server loads that path (a directory every node sees)."""
     bind: str = "127.0.0.1"
-    """The interface engine actors serve on. 127.0.0.1 reaches only the driver's own node;
-    across machines set `0.0.0.0` (or the nodes' network), which needs `engine.api_key`. With
-    a key, every engine sits behind a proxy on this interface that requires it."""
+    """The interface engine actors and the gateways serve on. 127.0.0.1 reaches only the
+    driver's own node; across machines set `0.0.0.0` (or the nodes' network), which needs
+    `engine.api_key`. With a key, every engine sits behind a proxy on this interface that
+    requires it; a gateway always requires its admin key and each session's key."""
     ready_timeout_s: float = Field(default=300.0, gt=0)
     """How long actors may wait for their resources (a placement group) before start-up fails
     naming the role."""
@@ -64,6 +90,18 @@ class ClusterConfig(Config):
                 "cluster.num_cpus sizes a private local cluster; with cluster.address the "
                 "cluster's nodes have their own (`ray start --num-cpus`)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _actors_need_ray(self) -> Self:
+        if self.backend != "ray":
+            for role, count in (("gateways.count", self.gateways.count),
+                                ("agents.workers", self.agents.workers)):  # fmt: skip
+                if count:
+                    raise ValueError(
+                        f"cluster.{role} is {count} but cluster.backend is 'local': these "
+                        "actors are placed by Ray (cluster.backend = 'ray')"
+                    )
         return self
 
 

@@ -22,6 +22,11 @@ from tracerl.trace.schema import SessionTrace
 log = logging.getLogger(__name__)
 
 
+class PlayerLost(RuntimeError):
+    """Where the episode was being played is gone (an agent worker died) before it ended:
+    nothing about the episode itself failed, so it may be played again elsewhere."""
+
+
 @dataclass(frozen=True)
 class EpisodeResult:
     """`reward is None` with `failed=False` means: score the trace with `score_trace`."""

@@ -2,9 +2,10 @@
 
 Start-up: the trainer (actor, critic or reference as configured) and, on `--resume`, its newest
 checkpoint with the loop's state; the embedded engine behind an `EnginePool` (given the trainer's
-weights when resuming); the gateway on 127.0.0.1 writing `RUN_DIR/traces.sqlite`; the
-environment, the dataset (at its saved position), the dispatcher with the adaptive concurrency
-controller and the metrics collector.
+weights when resuming); the gateway on 127.0.0.1 writing `RUN_DIR/traces.sqlite` (on Ray,
+possibly gateways and agent workers as actors: `gateways.py`); the environment, the dataset
+(at its saved position), the dispatcher with the adaptive concurrency controller and the
+metrics collector.
 
 Rollouts: a feeder draws tasks and submits `group_size` episodes per task to the dispatcher, as
 long as fewer than `groups_per_step x (1 + max_off_policy_steps)` groups are outstanding (in
@@ -33,7 +34,8 @@ the episodes in flight, checkpoints the last finished step, and closes engines a
 
 One module of ~590 lines: start-up, feeder, steps and shutdown share one state (events,
 counters, the group buffer, the parts built at start-up); the episodes' side is in
-`rollouts.py` and evals in `evals.py`.
+`rollouts.py`, evals in `evals.py`, and the trainer, engines and gateways it starts in
+`trainers.py`, `engines.py` and `gateways.py`.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from tracerl.control.collector import MetricsCollector
 from tracerl.control.controller import ConcurrencyController, Kind
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, Finished
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
-from tracerl.run import engines, trainers
+from tracerl.run import engines, gateways, trainers
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout
@@ -65,9 +67,10 @@ from tracerl.trace.versions import oldest_trainable, staleness
 if TYPE_CHECKING:  # torch and the servers load in _start, after the config is checked
     from tracerl.envs import Environment
     from tracerl.envs.dataset import TaskDataset
-    from tracerl.gateway.server import Gateway
     from tracerl.gateway.store import TraceStore
     from tracerl.rollout.pool import EnginePool
+    from tracerl.run.gateways import Gateways
+    from tracerl.run.rollouts import Player
     from tracerl.run.trainers import AnyTrainer
 
 log = logging.getLogger(__name__)
@@ -112,9 +115,10 @@ class RLLoop:
     # controller and the metrics collector, and the logs with the evals.
     trainer: AnyTrainer
     pool: EnginePool
+    gateways: Gateways
     store: TraceStore
-    gateway: Gateway
-    gateway_url: str
+    player: Player | None  # where episodes play (None: here)
+    agent_workers: Any  # AgentWorkers on Ray, or None
     env: Environment
     dataset: TaskDataset
     eval_dataset: TaskDataset | None
@@ -150,7 +154,8 @@ class RLLoop:
             f"tracerl train: {c.trainer.algorithm} on {c.trainer.model}, env {self.env.name}, "
             f"{c.loop.steps} steps of {c.orchestrator.batch_size} trajectories "
             f"(groups of {c.orchestrator.group_size}), run dir {self.run_dir}, "
-            f"gateway {self.gateway_url}" + (f", resumed at step {self.step}" if self.step else ""),
+            f"gateway {' '.join(self.gateways.urls)}"
+            + (f", resumed at step {self.step}" if self.step else ""),
             flush=True,
         )
 
@@ -171,28 +176,11 @@ class RLLoop:
         return loop_state
 
     async def _start_gateway(self) -> None:
-        from tracerl.engine.server import start_server
-        from tracerl.gateway.server import Gateway
-        from tracerl.gateway.store import open_store
-
-        c = self.config
-        self.store = await open_store(c.trace_store or self.run_dir / "traces.sqlite")
-        self.closers.append(self.store.close)
-        info = await self.pool.model_info()
-        tokenizer = self.trainer.tokenizer
-        self.gateway = Gateway(
-            self.pool,
-            tokenizer,
-            self.store,
-            model_name=c.trainer.model,
-            eos_ids=set(info.get("eos_token_ids") or [tokenizer.eos_token_id]),
-            system_prompt=c.system_prompt,
+        self.gateways = await gateways.start(
+            self.config, self.pool, self.trainer.tokenizer, self.run_dir, self.closers
         )
-        runner, port = await start_server(
-            self.gateway.app(), "127.0.0.1", 0, cancel_on_disconnect=False
-        )
-        self.closers.append(runner.cleanup)
-        self.gateway_url = f"http://127.0.0.1:{port}"
+        self.store = self.gateways.store
+        self.player, self.agent_workers = await gateways.players(self.config, self.closers)
 
     def _start_episodes(self, loop_state: dict[str, Any]) -> None:
         c = self.config
@@ -205,11 +193,12 @@ class RLLoop:
         )
         self.runner = EpisodeRunner(
             self.env,
-            self.gateway_url,
-            self.gateway.admin_key,
+            self.gateways.urls,
+            self.gateways.admin_key,
             self.store,
             timeout_s=c.loop.episode_timeout_s,
             model=c.trainer.model,
+            player=self.player,
         )
         self.closers.append(self.runner.close)
         ppo = c.trainer.algorithm == "ppo"
@@ -357,6 +346,10 @@ class RLLoop:
     def _record_cluster(self) -> dict[str, float]:
         """What runs where now, in RUN_DIR/cluster.json; its gauges for the metrics line."""
         record = cluster_status.snapshot(self.config.cluster.backend, self.trainer, self.pool)
+        if hasattr(self, "runner"):  # from the step on
+            record.update(
+                cluster_status.places(self.gateways, self.agent_workers, self.runner.counters)
+            )
         cluster_status.write(self.run_dir, record)
         return cluster_status.gauges(record)
 

@@ -2,11 +2,14 @@
 environment run, one trace read back from the store, and the training samples it yields.
 
 `EpisodeRunner.run` opens a session over HTTP with the admin key (exactly as an external
-orchestrator would), runs the environment under its timeout, closes the session, reads the
-session's trace from the store and scores it when the environment left the reward to its
-`reward_fn`. Every recorded trajectory of the session becomes a `TrainSample` carrying the
-episode's reward, the group id and the oldest weight version among its turns. Failed episodes
-come back as records with their reason and no samples.
+orchestrator would), runs the environment under its timeout (here, or on an agent worker:
+`play`), closes the session, reads the session's trace from the store and scores it when the
+environment left the reward to its `reward_fn`. With several gateways, sessions open on each in
+turn; one that cannot be reached is left out from then on. An episode whose agent worker was
+lost (`PlayerLost`) is played again once, in a new session. Every recorded trajectory of the
+session becomes a `TrainSample` carrying the episode's reward, the group id and the oldest
+weight version among its turns. Failed episodes come back as records with their reason and no
+samples.
 
 `GroupBuffer` gathers the k episodes of each prompt; a group is ready when all of them ended.
 Failed episodes are dropped from their group (counted); a group left with fewer than
@@ -20,13 +23,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
 from tracerl.envs import Environment, EpisodeResult, Session, Task, run_episode, score_trace
+from tracerl.envs.episode import PlayerLost
 from tracerl.gateway.store import TraceStore
 from tracerl.trace.schema import SessionTrace
 from tracerl.trace.versions import oldest_version
@@ -75,6 +79,13 @@ def trace_samples(trace: SessionTrace, reward: float, group: int) -> tuple[list[
     return samples, oldest or 0
 
 
+Player = Callable[[Task, Session, float], Awaitable[EpisodeResult]]
+"""Plays a task in a session for at most a timeout (`run_episode` here, or an agent worker)."""
+
+REPLAYS = 1
+"""Times an episode whose player was lost is played again."""
+
+
 @dataclass(frozen=True)
 class Play:
     """What an episode plays: its task, with the sampling parameters of its requests."""
@@ -87,45 +98,75 @@ class EpisodeRunner:
     def __init__(
         self,
         env: Environment,
-        gateway_url: str,
+        gateway_urls: Sequence[str],
         admin_key: str,
         store: TraceStore,
         *,
         timeout_s: float,
         model: str = "policy",
+        player: Player | None = None,
     ) -> None:
+        """`player`: where episodes are played (default: in this process)."""
         self.env = env
-        self.gateway_url = gateway_url
+        self.gateway_urls = list(gateway_urls)
         self.store = store
         self.timeout_s = timeout_s
         self.model = model
+        self.counters: Counter[str] = Counter()
+        self._player = player or self._play_here
+        self._next = 0
         self._headers = {"Authorization": f"Bearer {admin_key}"}
         self._http: aiohttp.ClientSession | None = None
+
+    async def _play_here(self, task: Task, session: Session, timeout_s: float) -> EpisodeResult:
+        return await run_episode(self.env, task, session, timeout_s)
 
     async def close(self) -> None:
         if self._http is not None:
             await self._http.close()
             self._http = None
 
-    async def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _post(self, url: str, path: str, body: dict[str, Any] | None = None) -> Any:
         if self._http is None:
             self._http = aiohttp.ClientSession()
-        async with self._http.post(
-            f"{self.gateway_url}{path}", json=body or {}, headers=self._headers
-        ) as resp:
-            payload: dict[str, Any] = await resp.json(content_type=None)
+        async with self._http.post(f"{url}{path}", json=body or {}, headers=self._headers) as resp:
+            payload = await resp.json(content_type=None)
             if resp.status != 200:
-                raise RuntimeError(f"gateway {path} answered {resp.status}: {payload}")
+                raise RuntimeError(f"gateway {url}{path} answered {resp.status}: {payload}")
             return payload
+
+    async def _open(self, group: int, kind: str) -> tuple[str, dict[str, Any]]:
+        """A new session on the next gateway in turn: its URL and `POST /sessions` reply. A
+        gateway that cannot be reached is left out (while another remains)."""
+        body = {"metadata": {"group": group, "kind": kind}}
+        while True:
+            url = self.gateway_urls[self._next % len(self.gateway_urls)]
+            self._next += 1
+            try:
+                return url, await self._post(url, "/sessions", body)
+            except aiohttp.ClientConnectionError as e:
+                if len(self.gateway_urls) == 1:
+                    raise
+                self.gateway_urls.remove(url)
+                self.counters["gateways_lost"] += 1
+                log.error("gateway %s cannot be reached (%s): left out of rotation", url, e)
 
     async def run(self, task: Task, group: int, kind: str, sampling: dict[str, Any]) -> Rollout:
         """Play one episode; `sampling` overrides the environment's (a seed, eval settings)."""
-        reply = await self._post("/sessions", {"metadata": {"group": group, "kind": kind}})
-        session = Session.from_gateway(reply, model=self.model, sampling=sampling)
-        try:
-            result = await run_episode(self.env, task, session, self.timeout_s)
-        finally:
-            await self._post(f"/sessions/{session.session_id}/close")
+        for attempt in range(REPLAYS + 1):
+            url, reply = await self._open(group, kind)
+            session = Session.from_gateway(reply, model=self.model, sampling=sampling)
+            try:
+                result = await self._player(task, session, self.timeout_s)
+                break
+            except PlayerLost as e:
+                self.counters["episodes_replayed"] += 1
+                if attempt == REPLAYS:
+                    result = EpisodeResult(None, failed=True, reason=str(e))
+                    break
+                log.warning("episode of group %d lost (%s): playing it again", group, e)
+            finally:
+                await self._post(url, f"/sessions/{session.session_id}/close")
         trace = await self.store.trace(session.session_id)
         if trace is None:  # the gateway always creates the session first: a store fault
             raise RuntimeError(f"session {session.session_id} has no trace in the store")

@@ -27,7 +27,12 @@ def connect(config: TrainCommandConfig, closers: list[Any]) -> None:
     closers.append(ray_cluster.disconnect)
     engines = 0 if config.engine.urls else config.engine.count
     ray_cluster.check_capacity(
-        {"trainer": (cluster.trainer.ranks, cluster.trainer), "engines": (engines, cluster.engines)}
+        {
+            "trainer": (cluster.trainer.ranks, cluster.trainer),
+            "engines": (engines, cluster.engines),
+            "gateways": (cluster.gateways.count, cluster.gateways),
+            "agents": (cluster.agents.workers, cluster.agents),
+        }
     )
 
 

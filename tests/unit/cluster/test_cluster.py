@@ -75,6 +75,10 @@ def test_the_record_says_what_runs_where(tmp_path: Path) -> None:
         "cluster/engines": 2.0,
         "cluster/engines_active": 1.0,
         "cluster/engine_restarts": 2.0,
+        "cluster/gateways": 0.0,
+        "cluster/agent_workers": 0.0,
+        "cluster/agent_worker_restarts": 0.0,
+        "cluster/episodes_replayed": 0.0,
     }
     text = status.render(record)
     assert "trainer: 2 rank(s)" in text and "rank 1  node node-anode-a  pid 11  cpu" in text
@@ -107,3 +111,45 @@ def test_cpus_are_set_only_for_a_private_cluster() -> None:
         TrainCommandConfig.model_validate(
             {"cluster": {"backend": "ray", "address": "auto", "num_cpus": 4}}
         )
+
+
+def test_gateways_and_agent_workers_are_actors_of_a_ray_run() -> None:
+    for role in ({"gateways": {"count": 2}}, {"agents": {"workers": 3}}):
+        with pytest.raises(ValueError, match=r"but cluster.backend is 'local': these actors"):
+            TrainCommandConfig.model_validate({"cluster": role})
+    config = TrainCommandConfig.model_validate(
+        {
+            "cluster": {
+                "backend": "ray",
+                "gateways": {"count": 2},
+                "agents": {"workers": 3, "resources": {"cpu_node": 1}},
+            }
+        }
+    )
+    assert config.cluster.weight_sync == "object_store"
+    assert config.cluster.agents.resources == {"cpu_node": 1.0}
+
+
+def test_the_record_lists_gateways_and_agent_workers() -> None:
+    trainer = SimpleNamespace(device="cpu")
+    record = status.snapshot("ray", trainer, fake_pool())
+    actors = SimpleNamespace(
+        actors=object(), records=[{"url": "http://10.0.0.2:81", "node_id": "n" * 12, "pid": 7}]
+    )
+    workers = SimpleNamespace(
+        restarts=1,
+        records=lambda: [{"index": 0, "inflight": 3, "node_id": "w" * 12, "pid": 9}],
+    )
+    record.update(status.places(actors, workers, {"episodes_replayed": 2, "gateways_lost": 1}))
+    gauges = status.gauges(record)
+    assert gauges["cluster/gateways"] == 0.0  # one placed, one lost
+    assert gauges["cluster/agent_workers"] == 1.0
+    assert gauges["cluster/agent_worker_restarts"] == 1.0
+    assert gauges["cluster/episodes_replayed"] == 2.0
+    text = status.render(record)
+    assert "gateways: 1, 1 lost" in text and "http://10.0.0.2:81  actor  node nnnnnnnnnnnn" in text
+    assert "agent workers: 1, 1 replaced, 2 episode(s) replayed" in text
+    assert "worker 0  node wwwwwwwwwwww  pid 9  3 in flight" in text
+    # the gateway in the driver
+    driver = SimpleNamespace(actors=None, urls=["http://127.0.0.1:5"])
+    assert status.places(driver, None, {})["gateways"][0]["actor"] is False
