@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.cluster.ray_cluster import cause, import_ray
-from tracerl.cluster.weights import WeightsChannel
+from tracerl.cluster.weights import Package, WeightsChannel
 from tracerl.config.cluster import RoleResources, is_loopback
 from tracerl.config.engine import EngineConfig
 
@@ -81,12 +81,12 @@ class EngineServer:
         host = bind if is_loopback(bind) else ray.util.get_node_ip_address()
         return f"http://{host}:{port}"
 
-    async def load_weights(self, source: dict[str, bytes] | str, version: int) -> None:
+    async def load_weights(self, source: Package | str, version: int) -> None:
         """Load `source` into the server: a weights package (written to this node first) or
         a directory path."""
         from tracerl.cluster.weights import scratch_dir, unpack
 
-        if isinstance(source, dict):
+        if isinstance(source, Package):
             if self.scratch is None:
                 self.scratch = scratch_dir()
             path = str(await asyncio.to_thread(unpack, source, self.scratch / "weights"))

@@ -3,23 +3,29 @@ engines on other machines need no filesystem shared with the trainer.
 
 The first time, rank 0 exports the actor as a Hugging Face directory on its own node (the ranks
 gather the shards for it, as for any export) and reads the files engines load (weights, config,
-tokenizer) into one `{relative path: bytes}` package (`Packer`). Later packages keep those files
-and serialize only the weights, from the actor's gathered tensors in memory, under the names the
-export gave them (when it held one safetensors file of named parameters; otherwise every
-package is a full export). Rank 0 puts the package in the object store. The driver keeps the
-newest package's reference in a `WeightsChannel` under a name of its own (`object-store:vN`),
-which is what the engine pool records as the weights' path: every engine actor, and one that
-replaces a dead engine later, resolves that name to the package, writes it to its own node's
-disk and has its server load it from there (`update_weights_from_disk`), so every backend that
-loads from disk takes weights this way. The version rule is the pool's, unchanged.
+tokenizer) into a `Package` (`Packer`). Later packages keep those files and carry the weights
+as the actor's gathered tensors, viewed as raw bytes (numpy arrays, which Ray's object store
+holds and hands out without copying), under the names the export gave them (when it held one
+safetensors file of named parameters; otherwise every package is a full export). Rank 0 puts
+the package in the object store; each engine actor writes the tensors straight from the store
+into a safetensors file (`write_safetensors`): one copy into the store, one onto the node.
+
+The driver keeps the newest package's reference in a `WeightsChannel` under a name of its own
+(`object-store:vN`), which is what the engine pool records as the weights' path: every engine
+actor, and one that replaces a dead engine later, resolves that name to the package, writes it
+to its own node's disk and has its server load it from there (`update_weights_from_disk`), so
+every backend that loads from disk takes weights this way. The version rule is the pool's,
+unchanged.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import struct
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +46,34 @@ def pack(directory: Path) -> dict[str, bytes]:
     return files
 
 
-def unpack(files: dict[str, bytes], directory: Path) -> Path:
+Tensor = tuple[str, list[int], Any]
+"""A tensor as the package carries it: safetensors dtype (`F32`, `BF16`, ...), shape, and its
+bytes as a flat uint8 numpy array."""
+
+
+@dataclass
+class Package:
+    """Model files by relative path, and the tensors of `model.safetensors` when that file
+    is sent as tensors instead of bytes."""
+
+    files: dict[str, bytes]
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+
+
+def unpack(package: Package, directory: Path) -> Path:
     """Write a package as `directory` (replacing it whole: a server never reads a mix of two
     versions)."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{directory.name}-", dir=directory.parent))
     try:
-        for name, data in files.items():
+        for name, data in package.files.items():
             if Path(name).is_absolute() or ".." in Path(name).parts:
                 raise ValueError(f"weights package entry {name!r} leaves its directory")
             out = tmp / name
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(data)
+        if package.tensors:
+            write_safetensors(tmp / WEIGHTS, package.tensors)
         if directory.exists():
             shutil.rmtree(directory)
         tmp.rename(directory)
@@ -62,6 +84,41 @@ def unpack(files: dict[str, bytes], directory: Path) -> Path:
 
 
 WEIGHTS = "model.safetensors"
+DTYPES = {
+    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64",
+    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}  # fmt: skip
+"""torch dtype name -> safetensors dtype."""
+
+
+def as_tensor(t: Any) -> Tensor:
+    """A torch tensor as a package carries it (a view of its bytes: `ray.put` copies it)."""
+    t = t.detach().cpu().contiguous()
+    dtype = DTYPES[str(t.dtype).removeprefix("torch.")]
+    import torch
+
+    return dtype, list(t.shape), t.reshape(-1).view(torch.uint8).numpy()
+
+
+def write_safetensors(path: Path, tensors: dict[str, Tensor]) -> None:
+    """The safetensors file of `tensors`: an 8-byte header length, the JSON header (names,
+    dtypes, shapes, byte ranges; padded to 8 bytes), then the tensors' bytes back to back."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {
+            "dtype": dtype,
+            "shape": shape,
+            "data_offsets": [offset, offset + data.nbytes],
+        }
+        offset += data.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for _, _, data in tensors.values():
+            f.write(memoryview(data))
 
 
 class Packer:
@@ -74,18 +131,15 @@ class Packer:
         """The weights' names in the export; None until one was made (or when every package
         must be a full export)."""
 
-    def package(self, trainer: Any, rank: int) -> dict[str, bytes] | None:
+    def package(self, trainer: Any, rank: int) -> Package | None:
         if self.names is None:
             return self._export(trainer, rank)
         tensors = dict(trainer.actor_named_tensors())
         if rank != 0:
             return None
-        from safetensors.torch import save
+        return Package(dict(self.files), {name: as_tensor(tensors[name]) for name in self.names})
 
-        weights = {name: tensors[name].contiguous() for name in self.names}
-        return {**self.files, WEIGHTS: save(weights, metadata={"format": "pt"})}
-
-    def _export(self, trainer: Any, rank: int) -> dict[str, bytes] | None:
+    def _export(self, trainer: Any, rank: int) -> Package | None:
         import torch
 
         from tracerl.algo.distributed import all_reduce_max
@@ -102,7 +156,7 @@ class Packer:
         if reusable.item():
             self.files = {k: v for k, v in files.items() if k != WEIGHTS}
             self.names = names or []
-        return files if rank == 0 else None
+        return Package(files) if rank == 0 else None
 
 
 def _parameter_names(exported: Path, trainer: Any) -> list[str] | None:

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from tracerl.cluster.weights import Packer, WeightsChannel, pack, unpack
+from tracerl.cluster.weights import (
+    Package,
+    Packer,
+    WeightsChannel,
+    as_tensor,
+    pack,
+    unpack,
+    write_safetensors,
+)
 from tracerl.config.train import TrainerConfig
 from tracerl.engine.weights import read_weights_dir
 from tracerl.train.trainer import Trainer
@@ -20,14 +28,15 @@ def test_later_packages_carry_the_trained_weights_under_the_exports_names(tmp_pa
     packer = Packer()
     first = packer.package(trainer, rank=0)
     assert first is not None and packer.names  # one file of named parameters: reusable
-    assert {"model.safetensors", "config.json", "tokenizer.json"} <= first.keys()
-    assert not any(name.startswith("critic/") for name in first)
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= first.files.keys()
+    assert not any(name.startswith("critic/") for name in first.files)
     with torch.no_grad():  # as a step would
         for p in trainer.actor.parameters():
             p.add_(0.5)
     second = packer.package(trainer, rank=0)
-    assert second is not None and second.keys() == first.keys()
-    assert second["config.json"] == first["config.json"]
+    assert second is not None and second.tensors.keys() == set(packer.names)
+    assert second.files.keys() == first.files.keys() - {"model.safetensors"}
+    assert second.files["config.json"] == first.files["config.json"]
     loaded = read_weights_dir(unpack(second, tmp_path / "v2"))
     exported = read_weights_dir(trainer.export(tmp_path / "export"))
     assert loaded.keys() == exported.keys()
@@ -44,12 +53,12 @@ def test_unpack_replaces_the_directory_and_refuses_paths_out_of_it(tmp_path: Pat
     (tmp_path / "export" / "critic" / "model.safetensors").write_bytes(b"c")
     files = pack(tmp_path / "export")
     assert files == {"model.safetensors": b"w1"}
-    target = unpack(files, tmp_path / "node" / "weights")
-    unpack({"model.safetensors": b"w2", "config.json": b"{}"}, target)
+    target = unpack(Package(files), tmp_path / "node" / "weights")
+    unpack(Package({"model.safetensors": b"w2", "config.json": b"{}"}), target)
     assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
     assert (target / "model.safetensors").read_bytes() == b"w2"
     with pytest.raises(ValueError, match="'../evil' leaves its directory"):
-        unpack({"../evil": b"x"}, target)
+        unpack(Package({"../evil": b"x"}), target)
     assert (target / "model.safetensors").read_bytes() == b"w2"  # untouched
     with pytest.raises(ValueError, match="no .safetensors weights"):
         pack(tmp_path / "node" / "nothing-here")
@@ -63,3 +72,20 @@ def test_the_channel_resolves_only_the_newest_package() -> None:
     channel.publish(4, "ref-4")
     with pytest.raises(ValueError, match="object-store:v3 are gone"):
         channel.resolve(name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_tensors_written_from_their_bytes_read_back_equal(tmp_path: Path, dtype) -> None:
+    from safetensors.torch import load_file
+
+    tensors = {
+        "a.weight": (torch.arange(24, dtype=torch.float32).reshape(2, 3, 4) / 7).to(dtype),
+        "b": torch.tensor(3.5).to(dtype),  # 0-dim
+        "c": torch.zeros(0, 5, dtype=dtype),  # empty
+        "d.t": torch.arange(6, dtype=torch.float32).reshape(2, 3).t().to(dtype),  # strided
+    }
+    write_safetensors(tmp_path / "w.safetensors", {n: as_tensor(t) for n, t in tensors.items()})
+    loaded = load_file(str(tmp_path / "w.safetensors"))
+    assert loaded.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert loaded[name].dtype == dtype and torch.equal(loaded[name], tensor), name
