@@ -26,6 +26,15 @@ STEPS = 3
 POLLED = {"engine/generation_tokens_per_s"}
 
 
+# two gateways and two agent workers beside the ranks and engines, in the same 6 logical CPUs
+ACTORS = [
+    "--cluster.gateways.count=2",
+    "--cluster.gateways.num_cpus=0.5",
+    "--cluster.agents.workers=2",
+    "--cluster.agents.num_cpus=0.5",
+]
+
+
 def metric_lines(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -78,7 +87,7 @@ def test_an_engine_actor_killed_mid_run_is_replaced_and_no_episode_is_lost(
     tmp_path: Path, runs: Callable[..., Run]
 ) -> None:
     steps = 40  # enough steps of the tiny loop (~1 s each) to outlast the replacement
-    run = runs(tmp_path / "run", f"--loop.steps={steps}", *RAY_ARGS)
+    run = runs(tmp_path / "run", f"--loop.steps={steps}", *RAY_ARGS, *ACTORS)
     run.until(lambda: run.steps() >= 1, "a first step")
     victim = run.cluster()["engines"][0]
     os.kill(victim["actor_pid"], signal.SIGKILL)  # the actor's process, as a lost node's
@@ -88,19 +97,14 @@ def test_an_engine_actor_killed_mid_run_is_replaced_and_no_episode_is_lost(
     record = run.cluster()
     assert [e["active"] for e in record["engines"]] == [True, True]
     assert record["engines"][0]["actor_pid"] != victim["actor_pid"]  # a new actor
+    # the gateway actors were handed the new engine's URL, and route to both engines
+    urls = [e["url"] for e in record["engines"]]
+    assert victim["url"] not in urls
+    assert [g["engines"] for g in record["gateways"]] == [urls, urls]
     assert record["engines"][0]["weight_version"] == steps  # given every step's weights since
     assert [m["step"] for m in metric_lines(run.run_dir)] == list(range(1, steps + 1))
     failed = run.run_dir / "episodes_failed.jsonl"
     assert not failed.exists() or failed.read_text() == "", failed.read_text()
-
-
-# two gateways and two agent workers beside the ranks and engines, in the same 6 logical CPUs
-ACTORS = [
-    "--cluster.gateways.count=2",
-    "--cluster.gateways.num_cpus=0.5",
-    "--cluster.agents.workers=2",
-    "--cluster.agents.num_cpus=0.5",
-]
 
 
 def test_a_killed_agent_worker_is_replaced_and_its_episode_played_again(

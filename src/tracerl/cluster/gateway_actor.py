@@ -82,8 +82,10 @@ class GatewayServer:
         host = bind if is_loopback(bind) else ray.util.get_node_ip_address()
         return f"http://{host}:{port}"
 
-    def set_engines(self, urls: list[str]) -> None:
+    def set_engines(self, urls: list[str]) -> list[str]:
+        """Route to `urls` from now on; the engines routed to."""
         self.pool.attach(urls)
+        return [m.name for m in self.pool.members]
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -155,7 +157,7 @@ class RayGateways:
         except Exception as e:
             raise ConfigError(f"cluster.gateways: a gateway failed to start: {cause(e)}") from None
         self.placement = [
-            {**await actor.where.remote(), "url": url}
+            {**await actor.where.remote(), "url": url, "engines": list(self._engines)}
             for actor, url in zip(self.actors, self.urls, strict=True)
         ]
         log.info("%d gateway actor(s) at %s", len(self.urls), self.urls)
@@ -169,7 +171,9 @@ class RayGateways:
             urls = list(engine_urls())
             if urls != self._engines:
                 self._engines = urls
-                await asyncio.gather(*(a.set_engines.remote(urls) for a in self.actors))
+                routed = await asyncio.gather(*(a.set_engines.remote(urls) for a in self.actors))
+                for record, engines in zip(self.placement, routed, strict=True):
+                    record["engines"] = engines  # as each gateway reports it
                 log.info("gateways now route to %s", urls)
 
     async def close(self) -> None:
