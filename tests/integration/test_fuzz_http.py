@@ -178,11 +178,13 @@ def test_the_gateway_survives_its_fuzzed_surface(gateway: Served) -> None:
             assert native, f"{case.method} {path} {status}: not a native error: {body}"
             return
         sid = (case.path_parameters or {}).get("sid")
-        generation = path.endswith(("/chat/completions", "/messages")) and path.startswith("/s/")
-        if status == 200 and generation and sid == traced["session_id"]:
+        generation = path.endswith(("/chat/completions", "/messages", "/responses"))
+        if status == 200 and generation and path.startswith("/s/") and sid == traced["session_id"]:
             text = response.text
             if "text/event-stream" in response.headers.get("Content-Type", ""):
-                ended = "data: [DONE]" in text or "event: message_stop" in text
+                ends = ("data: [DONE]", "event: message_stop", "event: response.completed",
+                        "event: response.incomplete")  # fmt: skip
+                ended = any(end in text for end in ends)
             else:
                 ended = True
             answered[sid] += int(ended)

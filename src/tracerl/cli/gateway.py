@@ -41,6 +41,9 @@ async def _gateway_up(
         admin_key=config.admin_key,
         system_prompt=config.system_prompt,
         max_request_bytes=config.max_request_bytes,
+        max_model_len=info.get("max_model_len"),
+        max_tokens_policy=config.max_tokens_policy,
+        access_log=config.access_log,
     )
     runner, port = await start_server(
         gateway.app(), config.host, config.port, cancel_on_disconnect=False

@@ -78,6 +78,8 @@ def _gateway_base(args: argparse.Namespace) -> dict[str, Any]:
     _set(base, "port", args.port)
     _set(base, "store", args.store)
     _set(base, "admin_key", args.admin_key)
+    if args.quiet:
+        base["access_log"] = False
     return base
 
 
@@ -184,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (gateway, serve):
         p.add_argument("--store", help="SQLite trace store file")
         p.add_argument("--admin-key", help="admin key (generated and printed when unset)")
+        p.add_argument("--quiet", action="store_true", help="no access log line per request")
     gateway.add_argument("--engine-url", action="append", help="an engine (repeatable)")
     engine.add_argument(
         "--sim", action="store_true", help="the simulated engine (no model; see the sim.* settings)"

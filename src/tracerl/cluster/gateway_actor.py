@@ -77,6 +77,7 @@ class GatewayServer:
             eos_ids=set(info.get("eos_token_ids") or [tokenizer.eos_token_id]),
             admin_key=admin_key,
             system_prompt=system_prompt,
+            max_model_len=info.get("max_model_len"),
         )
         self.runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)
         host = bind if is_loopback(bind) else ray.util.get_node_ip_address()

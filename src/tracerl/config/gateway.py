@@ -41,6 +41,16 @@ class GatewayConfig(Config):
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     """Largest accepted request body; larger ones get 413."""
 
+    max_tokens_policy: Literal["cap", "reject"] = "cap"
+    """A request whose token budget (`max_tokens`, `max_completion_tokens`,
+    `max_output_tokens`) is more than the context has room for after its prompt: `cap` lowers
+    it to the room left (recorded as the turn's `max_new_tokens`), `reject` answers 400 naming
+    the field. A prompt that leaves no room is a 400 either way."""
+
+    access_log: bool = True
+    """One line per request on stdout: method, path, session, status, tokens, milliseconds
+    (`--quiet` turns it off)."""
+
 
 class GatewayCommandConfig(Config):
     """`tracerl gateway`: the gateway in front of engines, through the engine pool (health

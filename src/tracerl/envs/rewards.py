@@ -91,6 +91,14 @@ def final_text(trace: SessionTrace) -> str:
     response = turn.response
     if turn.endpoint == "chat.completions":
         return str(response["choices"][0]["message"].get("content") or "")
+    if turn.endpoint == "responses":
+        return "".join(
+            str(part.get("text", ""))
+            for item in response["output"]
+            if item.get("type") == "message"
+            for part in item.get("content") or []
+            if part.get("type") == "output_text"
+        )
     return "".join(
         str(block.get("text", "")) for block in response["content"] if block.get("type") == "text"
     )

@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tracerl.gateway.api import ApiRequest, Dialect, Outcome, integer, number, sse, stop_strings
+from tracerl.gateway.api import (
+    ApiRequest,
+    Dialect,
+    Outcome,
+    forced_tool,
+    integer,
+    number,
+    sse,
+    stop_strings,
+)
 from tracerl.gateway.generation import SamplingSpec
 from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
 
@@ -16,12 +25,20 @@ def parse_request(body: dict[str, Any]) -> ApiRequest:
         raise BadRequest("max_tokens", "is required")
     choice = body.get("tool_choice")
     kind = choice.get("type") if isinstance(choice, dict) else choice
-    if kind not in (None, "auto", "none"):
-        raise BadRequest("tool_choice", "only {'type': 'auto'} and {'type': 'none'} are supported")
+    tools = [] if kind == "none" else anthropic_tools(body)
+    if kind in (None, "auto", "none"):
+        forced = None
+    elif kind == "any":
+        forced = forced_tool("required", None, tools, "tool_choice")
+    elif kind == "tool" and isinstance(choice, dict):
+        forced = forced_tool("function", choice.get("name"), tools, "tool_choice.name")
+    else:
+        raise BadRequest("tool_choice", "expected type 'auto', 'any', 'tool' or 'none'")
     top_k = integer(body, "top_k", 1)
     return ApiRequest(
         messages=anthropic_messages(body),
-        tools=[] if kind == "none" else anthropic_tools(body),
+        tools=tools,
+        forced_tool=forced,
         spec=SamplingSpec(
             max_new_tokens=max_tokens,
             temperature=number(body, "temperature", 1.0, 0.0, 1.0),
@@ -75,7 +92,7 @@ class ChunkWriter:
     only once the output is complete and follow as their own blocks.
     """
 
-    def __init__(self, model: str, rid: str, include_usage: bool = True) -> None:
+    def __init__(self, model: str, rid: str, req: ApiRequest | None = None) -> None:
         self.model, self.rid = model, rid
         self.text_index: int | None = None
         self.next_index = 0

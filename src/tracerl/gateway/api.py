@@ -22,6 +22,29 @@ class ApiRequest:
     include_usage: bool = False
     want_logprobs: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    max_tokens_param: str = "max_tokens"
+    """The caller's name for the token budget, for errors about it."""
+    forced_tool: str | None = None
+    """A tool call the model must make (`tool_choice` "required" / a named function): the
+    tool's name, `ANY_TOOL` for any of them, None when the model may answer freely."""
+
+
+ANY_TOOL = "*"
+
+
+def forced_tool(kind: str | None, name: Any, tools: list[dict[str, Any]], param: str) -> str | None:
+    """What a `tool_choice` forces, checked against the request's tools: `kind` is
+    "required" (any tool) or "function" (the tool `name`, named at `param`)."""
+    if kind is None:
+        return None
+    if not tools:
+        raise BadRequest(param, "forces a tool call but the request has no tools")
+    names = [t["function"]["name"] for t in tools]
+    if kind == "required":
+        return names[0] if len(names) == 1 else ANY_TOOL
+    if not isinstance(name, str) or name not in names:
+        raise BadRequest(param, f"names no tool of the request: {name!r} (tools: {names})")
+    return name
 
 
 def new_id(prefix: str) -> str:
@@ -109,18 +132,19 @@ class ChunkWriter(Protocol):
 
 @dataclass(frozen=True)
 class Dialect:
-    """One API surface (OpenAI chat completions, Anthropic messages): everything the server
+    """One API surface (OpenAI chat completions and responses, Anthropic messages): everything
+    the server
     needs to speak it, so no code outside the surface's module asks which one it is."""
 
-    endpoint: Literal["chat.completions", "messages"]
+    endpoint: Literal["chat.completions", "messages", "responses"]
     """The trace's name for the turns it records."""
     response_id_prefix: str
     tool_call_id_prefix: str
     parse_request: Callable[[dict[str, Any]], ApiRequest]
     response: Callable[[Outcome, ApiRequest, str, str, Any], dict[str, Any]]
     """(outcome, request, model, response id, tokenizer) -> the response body."""
-    chunk_writer: Callable[[str, str, bool], ChunkWriter]
-    """(model, response id, include_usage) -> a stream's writer."""
+    chunk_writer: Callable[[str, str, ApiRequest], ChunkWriter]
+    """(model, response id, the parsed request) -> a stream's writer."""
     error_body: Callable[[int, str, str | None], dict[str, Any]]
     """(status, message, param) -> the surface's error body."""
     models: Callable[[str], dict[str, Any]]

@@ -1,4 +1,5 @@
-"""OpenAI and Anthropic request bodies → one chat form the model's template renders.
+"""OpenAI (Chat Completions, Responses) and Anthropic request bodies → one chat form the
+model's template renders.
 
 The chat form is the Hugging Face one: `{"role", "content": str}` plus, for assistant messages,
 `tool_calls` (`{"id", "type": "function", "function": {"name", "arguments": dict}}`) and, for
@@ -133,9 +134,12 @@ def anthropic_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         raise BadRequest("messages", "expected a non-empty list")
     for i, msg in enumerate(raw):
         param = f"messages.{i}"
-        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"{param}.role", "expected role 'user' or 'assistant'")
+        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant", "system"):
+            raise BadRequest(f"{param}.role", "expected role 'user', 'assistant' or 'system'")
         content = msg.get("content")
+        if msg["role"] == "system":  # Claude Code's mid-conversation system: where it stands
+            out.append({"role": "system", "content": _anthropic_text(content, f"{param}.content")})
+            continue
         if isinstance(content, str):
             out.append({"role": msg["role"], "content": content})
             continue
@@ -230,6 +234,113 @@ def anthropic_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise BadRequest(f"tools.{i}", 'expected {"name", "input_schema"}')
         out.append(_function_tool(tool["name"], tool.get("description"), tool.get("input_schema")))
+    return out
+
+
+RESPONSES_IGNORED_ITEMS = ("reasoning",)
+"""Input items the model is not shown: reasoning is not fed back (as for the other APIs)."""
+RESPONSES_FUNCTION_TOOLS = ("function",)
+
+
+def responses_messages(value: Any, param: str = "input") -> list[dict[str, Any]]:
+    """Responses API input (a string, or a list of items) in the chat form: messages,
+    `function_call` items as the preceding assistant message's tool calls, and
+    `function_call_output` items as tool messages."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise BadRequest(param, "expected a string or a list of input items")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        where = f"{param}.{i}"
+        if not isinstance(item, dict):
+            raise BadRequest(where, "expected an object")
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            out.append(_responses_message(item, where))
+        elif kind == "function_call":
+            call = {
+                "id": str(item.get("call_id", "")),
+                "type": "function",
+                "function": {
+                    "name": _string(item, "name", where),
+                    "arguments": _arguments(item.get("arguments"), f"{where}.arguments"),
+                },
+            }
+            last = out[-1] if out else None
+            if last is None or last["role"] != "assistant":
+                last = {"role": "assistant", "content": ""}
+                out.append(last)
+            last.setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            output = _responses_text(item.get("output"), f"{where}.output")
+            out.append(
+                {"role": "tool", "content": output, "tool_call_id": str(item.get("call_id", ""))}
+            )
+        elif kind in RESPONSES_IGNORED_ITEMS:
+            continue
+        else:
+            raise BadRequest(f"{where}.type", f"input items of type {kind!r} are not supported")
+    if not out:
+        raise BadRequest(param, "expected at least one message")
+    return out
+
+
+def _responses_message(item: dict[str, Any], where: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role == "developer":
+        role = "system"
+    if role not in ("system", "user", "assistant"):
+        raise BadRequest(f"{where}.role", f"unknown role {role!r}")
+    return {"role": role, "content": _responses_text(item.get("content"), f"{where}.content")}
+
+
+def _responses_text(content: Any, param: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(param, "expected a string or a list of content parts")
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text"):
+            texts.append(str(part.get("text", "")))
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal", "")))
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise BadRequest(
+                f"{param}.{i}",
+                f"{kind} content is not supported: the model has no vision or audio input",
+            )
+        else:
+            raise BadRequest(f"{param}.{i}", f"unknown content part type {kind!r}")
+    return "".join(texts)
+
+
+def _string(item: dict[str, Any], name: str, where: str) -> str:
+    value = item.get(name)
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{where}.{name}", "expected a non-empty string")
+    return value
+
+
+def responses_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Function tools (flat: `{"type": "function", "name", "description", "parameters"}`).
+    Tools of other types (web search, namespaces, custom grammars, ...) are the client's own
+    and are not offered to the model."""
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise BadRequest("tools", "expected a list")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise BadRequest(f"tools.{i}", "expected an object")
+        if tool.get("type") not in RESPONSES_FUNCTION_TOOLS:
+            continue
+        name = _string(tool, "name", f"tools.{i}")
+        out.append(_function_tool(name, tool.get("description"), tool.get("parameters")))
     return out
 
 

@@ -9,6 +9,7 @@ from tracerl.gateway.api import (
     ApiRequest,
     Dialect,
     Outcome,
+    forced_tool,
     integer,
     number,
     sse,
@@ -31,10 +32,19 @@ def parse_request(body: dict[str, Any]) -> ApiRequest:
     if body.get("top_logprobs"):
         raise BadRequest("top_logprobs", "is not supported (logprobs of sampled tokens only)")
     tool_choice = body.get("tool_choice")
-    if tool_choice not in (None, "auto", "none"):
-        raise BadRequest("tool_choice", "only 'auto' and 'none' are supported")
     tools = [] if tool_choice == "none" else openai_tools(body)
+    if tool_choice in (None, "auto", "none"):
+        forced = None
+    elif tool_choice == "required":
+        forced = forced_tool("required", None, tools, "tool_choice")
+    elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
+        fn = tool_choice.get("function")
+        chosen = fn.get("name") if isinstance(fn, dict) else None
+        forced = forced_tool("function", chosen, tools, "tool_choice.function.name")
+    else:
+        raise BadRequest("tool_choice", "expected 'auto', 'none', 'required' or a named function")
     max_tokens = integer(body, "max_completion_tokens", 1) or integer(body, "max_tokens", 1)
+    budget = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
     stream_options = body.get("stream_options") or {}
     return ApiRequest(
         messages=openai_messages(body),
@@ -51,6 +61,8 @@ def parse_request(body: dict[str, Any]) -> ApiRequest:
             isinstance(stream_options, dict) and stream_options.get("include_usage")
         ),
         want_logprobs=bool(body.get("logprobs", False)),
+        max_tokens_param=budget,
+        forced_tool=forced,
     )
 
 
@@ -114,8 +126,8 @@ def response(outcome: Outcome, req: ApiRequest, model: str, rid: str, tokenizer:
 class ChunkWriter:
     """Builds the `chat.completion.chunk` events of one streamed response."""
 
-    def __init__(self, model: str, rid: str, include_usage: bool) -> None:
-        self.model, self.rid, self.include_usage = model, rid, include_usage
+    def __init__(self, model: str, rid: str, req: ApiRequest) -> None:
+        self.model, self.rid, self.include_usage = model, rid, req.include_usage
         self.created = int(time.time())
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:

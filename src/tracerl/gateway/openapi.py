@@ -116,7 +116,23 @@ CHAT_REQUEST = {
         },
         "logprobs": {"type": "boolean"},
         "tools": {"type": "array", "items": _FUNCTION_TOOL},
-        "tool_choice": {"type": "string", "enum": ["auto", "none"]},
+        "tool_choice": {
+            "oneOf": [
+                {"type": "string", "enum": ["auto", "none", "required"]},
+                {
+                    "type": "object",
+                    "required": ["type", "function"],
+                    "properties": {
+                        "type": {"type": "string", "enum": ["function"]},
+                        "function": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {"name": {"type": "string"}},
+                        },
+                    },
+                },
+            ]
+        },
     },
 }
 _BLOCK = {
@@ -156,7 +172,7 @@ MESSAGES_REQUEST = {
                 "type": "object",
                 "required": ["role", "content"],
                 "properties": {
-                    "role": {"type": "string", "enum": ["user", "assistant"]},
+                    "role": {"type": "string", "enum": ["user", "assistant", "system"]},
                     "content": {
                         "oneOf": [{"type": "string"}, {"type": "array", "items": _BLOCK}],
                     },
@@ -184,9 +200,104 @@ MESSAGES_REQUEST = {
         "tool_choice": {
             "type": "object",
             "required": ["type"],
-            "properties": {"type": {"type": "string", "enum": ["auto", "any", "none"]}},
+            "properties": {
+                "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]},
+                "name": {"type": "string"},
+            },
         },
         "metadata": {"type": "object"},
+    },
+}
+_RESPONSES_PART = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {
+        "type": {"type": "string", "enum": ["input_text", "output_text"]},
+        "text": {"type": "string"},
+    },
+}
+_RESPONSES_ITEM = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "type": {"type": "string", "enum": ["message"]},
+                "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]},
+                "content": {
+                    "oneOf": [{"type": "string"}, {"type": "array", "items": _RESPONSES_PART}]
+                },
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "name", "arguments"],
+            "properties": {
+                "type": {"type": "string", "enum": ["function_call"]},
+                "call_id": {"type": "string"},
+                "name": {"type": "string", "minLength": 1},
+                "arguments": {"type": "string"},
+            },
+        },
+        {
+            "type": "object",
+            "required": ["type", "call_id", "output"],
+            "properties": {
+                "type": {"type": "string", "enum": ["function_call_output"]},
+                "call_id": {"type": "string"},
+                "output": {"type": "string"},
+            },
+        },
+    ]
+}
+RESPONSES_REQUEST = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string"},
+        "input": {
+            "oneOf": [
+                {"type": "string"},
+                {"type": "array", "minItems": 1, "items": _RESPONSES_ITEM},
+            ]
+        },
+        "instructions": {"type": "string"},
+        "previous_response_id": {"type": "string"},
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "stream": {"type": "boolean"},
+        "store": {"type": "boolean"},
+        "tools": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "name"],
+                "properties": {
+                    "type": {"type": "string", "enum": ["function"]},
+                    "name": {"type": "string", "minLength": 1},
+                    "description": {"type": "string"},
+                    "parameters": {"type": "object"},
+                },
+            },
+        },
+        "tool_choice": {"type": "string", "enum": ["auto", "none"]},
+    },
+}
+RESPONSES_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
     },
 }
 COUNT_REQUEST = {
@@ -217,8 +328,10 @@ _BEARER: list[dict[str, list[str]]] = [{"bearer": []}]
 _ANTHROPIC_KEY: list[dict[str, list[str]]] = [{"x-api-key": []}, {"bearer": []}]
 
 
-def _generation(request: str, anthropic: bool, session: bool) -> dict[str, Any]:
-    error = "AnthropicError" if anthropic else "OpenAIError"
+def _generation(
+    request: str, anthropic: bool, session: bool, error: str | None = None
+) -> dict[str, Any]:
+    error = error or ("AnthropicError" if anthropic else "OpenAIError")
     operation: dict[str, Any] = {
         "security": _ANTHROPIC_KEY if anthropic else _BEARER,
         "requestBody": json_body({"$ref": f"#/components/schemas/{request}"}),
@@ -277,11 +390,17 @@ def gateway_openapi() -> dict[str, Any]:
             "/sessions/{sid}": {"get": _admin(trace, 401, 404, sid=True)},
             "/sessions/{sid}/close": {"post": _admin(_OBJECT, 401, 404, sid=True)},
             "/s/{sid}/v1/chat/completions": _generation("ChatRequest", False, session=True),
+            "/s/{sid}/v1/responses": _generation(
+                "ResponsesRequest", False, session=True, error="ResponsesError"
+            ),
             "/s/{sid}/v1/messages": messages,
             "/s/{sid}/v1/messages/count_tokens": count,
             "/s/{sid}/v1/models": models,
             "/v1/chat/completions": _generation("ChatRequest", False, session=False),
             "/v1/messages": _generation("MessagesRequest", True, session=False),
+            "/v1/responses": _generation(
+                "ResponsesRequest", False, session=False, error="ResponsesError"
+            ),
             "/health": {"get": {"responses": responses(_OBJECT)}},
             "/metrics": {"get": {"responses": responses(TEXT)}},
             "/openapi.json": {"get": {"responses": responses(_OBJECT)}},
@@ -295,6 +414,8 @@ def gateway_openapi() -> dict[str, Any]:
                 "ChatRequest": CHAT_REQUEST,
                 "MessagesRequest": MESSAGES_REQUEST,
                 "CountTokensRequest": COUNT_REQUEST,
+                "ResponsesRequest": RESPONSES_REQUEST,
+                "ResponsesError": RESPONSES_ERROR,
                 "Session": SESSION,
                 "OpenAIError": OPENAI_ERROR,
                 "AnthropicError": ANTHROPIC_ERROR,

@@ -70,6 +70,15 @@ class ChatRenderer:
         return safe_decode(self.tokenizer, ids, skip_special_tokens=skip_special_tokens)
 
 
+def forced_call_prefix(name: str | None) -> str:
+    """The start of a reply that must be a tool call, written into the prompt so the model
+    continues it: `<tool_call>` and the JSON up to the arguments for a named tool, up to the
+    name's opening quote for any tool (`name` None)."""
+    if name is None:
+        return '<tool_call>\n{"name": "'
+    return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '
+
+
 def hermes_call(name: str, arguments: dict[str, Any]) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 

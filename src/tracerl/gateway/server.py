@@ -1,12 +1,14 @@
 """The gateway's HTTP surface: sessions, endpoint classification, traced generations, fail closed.
 
-Only `POST …/v1/chat/completions` and `POST …/v1/messages` are generations, decided by the
-normalised method and path (never by the body). Everything else never touches traces:
-`count_tokens` and `models` are answered here, `/v1/responses` gets 501 and unknown paths a native
-404. A traced generation answers success only after its turn is committed to the store; a stream
-holds its `[DONE]` / `message_stop` until then, and ends with an error event and no end marker
-when the engine reply cannot be traced or recording fails. A client that disconnects mid-stream
-does not stop the generation: it is drained and recorded with `client_disconnected: true`.
+Only `POST …/v1/chat/completions`, `POST …/v1/messages` and `POST …/v1/responses` are
+generations, decided by the normalised method and path (never by the body). Everything else never
+touches traces: `count_tokens` and `models` are answered here and unknown paths get a native 404.
+A Responses API `previous_response_id` is resolved from the session's recorded turns (`_chain`).
+A traced generation answers success only after its turn is committed to the store; a stream
+holds its `[DONE]` / `message_stop` / `response.completed` until then, and ends with an error
+event and no end marker when the engine reply cannot be traced or recording fails. A client that
+disconnects mid-stream does not stop the generation: it is drained and recorded with
+`client_disconnected: true`.
 
 One module of ~540 lines: the HTTP surface (auth, sessions, classification, the traced
 generation and its streaming) shares one Gateway's state; the API shapes live in the dialect
@@ -22,6 +24,7 @@ import hmac
 import logging
 import re
 import secrets
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +36,7 @@ from aiohttp import web
 
 from tracerl.engine.protocol import Engine
 from tracerl.gateway.anthropic_api import DIALECT as ANTHROPIC
-from tracerl.gateway.api import ApiRequest, Dialect, Outcome
+from tracerl.gateway.api import ANY_TOOL, ApiRequest, Dialect, Outcome
 from tracerl.gateway.generation import (
     Completion,
     EngineUnavailable,
@@ -44,7 +47,8 @@ from tracerl.gateway.generation import (
 from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
 from tracerl.gateway.openai_api import DIALECT as OPENAI
 from tracerl.gateway.parse import parse_output, streamable_prefix
-from tracerl.gateway.render import ChatRenderer
+from tracerl.gateway.render import ChatRenderer, forced_call_prefix
+from tracerl.gateway.responses_api import DIALECT as RESPONSES
 from tracerl.gateway.session import (
     Prompt,
     RecordedTurn,
@@ -58,8 +62,13 @@ from tracerl.trace.schema import Turn
 log = logging.getLogger(__name__)
 
 GATEWAY_KEY = web.AppKey("gateway", object)
+TOKENS_KEY = web.RequestKey("tokens", tuple)
+"""Where a generation leaves (prompt, completion) tokens for the access log."""
 _SESSION_PATH = re.compile(r"/s/([^/]*)(/.*)?")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]+")
+BASE_PATHS = frozenset({"/", "/v1", "/api/hello"})
+"""Base URLs clients probe (Claude Code's `HEAD /api/hello` pre-connect, a `GET` of the base
+URL): 200 for any of them, under a session or not, revealing nothing."""
 _ROUTES = {
     ("POST", "/v1/chat/completions"): "chat",
     ("POST", "/v1/messages"): "messages",
@@ -90,8 +99,16 @@ class Gateway:
         admin_key: str | None = None,
         system_prompt: str | None = None,
         max_request_bytes: int = 16 * 1024 * 1024,
+        max_model_len: int | None = None,
+        max_tokens_policy: str = "cap",
+        access_log: bool = False,
     ) -> None:
+        """`max_model_len`: the engines' context (the model info's), against which token
+        budgets are capped or rejected (`max_tokens_policy`); `access_log`: a line per
+        request on stdout."""
         self.engine, self.tokenizer, self.store = engine, tokenizer, store
+        self.max_model_len, self.max_tokens_policy = max_model_len, max_tokens_policy
+        self.access_log = access_log
         self.renderer = ChatRenderer(tokenizer)
         self.model_name, self.eos_ids = model_name, eos_ids
         self.admin_key = admin_key or secrets.token_urlsafe(24)
@@ -103,7 +120,8 @@ class Gateway:
         self._busy = 0  # generation requests in progress
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_request_bytes)
+        middlewares = [access_log_middleware] if self.access_log else []
+        app = web.Application(client_max_size=self.max_request_bytes, middlewares=middlewares)
         app[GATEWAY_KEY] = self
         app.router.add_post("/sessions", self.create_session)
         app.router.add_get("/sessions/{sid}", self.get_trace)
@@ -230,9 +248,12 @@ class Gateway:
             sid, path = match.group(1), match.group(2) or "/"
         kind = _ROUTES.get((request.method, path))
         anthropic = path.startswith("/v1/messages") or (
-            not path.startswith("/v1/chat") and "anthropic-version" in request.headers
+            not path.startswith(("/v1/chat", "/v1/responses"))
+            and "anthropic-version" in request.headers
         )
         dialect = ANTHROPIC if anthropic else OPENAI  # the shape of its errors
+        if path.startswith("/v1/responses"):
+            dialect = RESPONSES
         if sid is not None and not _SESSION_ID.fullmatch(sid):  # no session has such an id
             return _error(dialect, 404, "no such session")
         if kind == "chat":
@@ -242,9 +263,14 @@ class Gateway:
         if kind == "count_tokens":
             return await self.count_tokens(request, sid)
         if kind == "models":
+            state = await self._authorize(request, sid, dialect)
+            if isinstance(state, web.Response):
+                return state
             return web.json_response(dialect.models(self.model_name))
-        if kind == "responses" or path == "/v1/responses":
-            return _error(OPENAI, 501, "the Responses API is not implemented")
+        if request.method in ("GET", "HEAD") and path in BASE_PATHS:
+            return web.json_response({"status": "ok"})  # what clients probe before they start
+        if kind == "responses":
+            return await self.generation(request, sid, RESPONSES)
         return _error(dialect, 404, f"no route for {request.method} {path}")
 
     async def _authorize(
@@ -314,11 +340,23 @@ class Gateway:
             if not isinstance(body, dict):
                 raise BadRequest("body", "expected a JSON object")
             parsed = dialect.parse_request(body)
+            previous = parsed.extra.get("previous_response_id")
+            if previous is not None:
+                at = parsed.extra["history_at"]
+                parsed.messages[at:at] = await self._chain(state, previous)
             plan = plan_prompt(self.renderer, parsed.messages, parsed.tools, state)
+            forced = forced_prefix(parsed)
+            plan = plan.then(forced)
         except BadRequest as e:
             return _error(dialect, 400, str(e), e.param)
+        except PreviousNotFound as e:
+            return _error(dialect, 404, str(e), "previous_response_id")
         prompt = plan.complete(await self._tokenize(plan.new_text))
-        turn = _PendingTurn(dialect, state, body, parsed, prompt, dialect.new_response_id())
+        try:
+            self._fit_budget(parsed, len(prompt.ids))
+        except BadRequest as e:
+            return _error(dialect, 400, str(e), e.param)
+        turn = _PendingTurn(dialect, state, body, parsed, prompt, dialect.new_response_id(), forced)
         self.counters[f"generation.{dialect.endpoint}.{'traced' if state else 'untraced'}"] += 1
         items = generate(
             self.engine,
@@ -342,7 +380,8 @@ class Gateway:
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
             return self._generation_error(dialect, e)
         assert isinstance(completion, Completion)
-        outcome = self._outcome(completion, dialect)
+        request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
+        outcome = self._outcome(completion, turn)
         response = self._response(turn, outcome)
         if state is not None:
             transport = request.transport
@@ -362,7 +401,7 @@ class Gateway:
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        writer = turn.dialect.chunk_writer(self.model_name, turn.rid, turn.parsed.include_usage)
+        writer = turn.dialect.chunk_writer(self.model_name, turn.rid, turn.parsed)
         gone = False
         try:
             await resp.prepare(request)
@@ -387,7 +426,7 @@ class Gateway:
             nonlocal emitted, completion
             if isinstance(item, Completion):
                 completion = item
-            elif not self.renderer.reasoning:
+            elif not self.renderer.reasoning and not turn.forced:  # a forced call: no text
                 safe = streamable_prefix(item)
                 if len(safe) > len(emitted) and safe.startswith(emitted):
                     await send(writer.text(safe[len(emitted) :]))
@@ -405,7 +444,8 @@ class Gateway:
             await send(writer.error(status, message))
             return await _close(resp)
         assert completion is not None
-        outcome = self._outcome(completion, turn.dialect)
+        request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
+        outcome = self._outcome(completion, turn)
         content = outcome.parsed.content
         await send(
             writer.finish(outcome, content[len(emitted) :] if content.startswith(emitted) else "")
@@ -418,6 +458,50 @@ class Gateway:
         await send(writer.end())
         return await _close(resp)
 
+    def _fit_budget(self, parsed: ApiRequest, prompt_tokens: int) -> None:
+        """Cap (or reject) a token budget beyond the room the context leaves after the prompt;
+        errors name the caller's fields."""
+        if self.max_model_len is None:
+            return
+        room = self.max_model_len - prompt_tokens
+        if room < 1:
+            raise BadRequest(
+                "messages" if parsed.max_tokens_param != "max_output_tokens" else "input",
+                f"the prompt is {prompt_tokens} tokens; the model's context is "
+                f"{self.max_model_len} tokens, which leaves no room for a reply",
+            )
+        asked = parsed.spec.max_new_tokens
+        if asked is None or asked <= room:
+            return
+        if self.max_tokens_policy == "reject":
+            raise BadRequest(
+                parsed.max_tokens_param,
+                f"{asked} tokens do not fit: the prompt is {prompt_tokens} tokens of the "
+                f"model's {self.max_model_len}-token context, which leaves {room}",
+            )
+        parsed.spec.max_new_tokens = room
+        self.counters["max_tokens_capped"] += 1
+
+    async def _chain(self, state: SessionState | None, response_id: str) -> list[dict[str, Any]]:
+        """The conversation a Responses API chain ending at `response_id` had: every earlier
+        response's input and output, from the session's recorded turns (responses stored
+        with `store: false` cannot be continued, as on the real API)."""
+        from tracerl.gateway.responses_api import history
+
+        turns = await self.store.turns(state.session_id) if state is not None else []
+        by_id = {t.response.get("id"): t for t in turns if t.endpoint == "responses"}
+        messages: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        current: str | None = response_id
+        while current is not None:
+            turn = by_id.get(current)
+            if turn is None or turn.request.get("store") is False or current in seen:
+                raise PreviousNotFound(f"Previous response with id '{current}' not found.")
+            seen.add(current)
+            messages[:0] = history(turn.request, turn.response)
+            current = turn.request.get("previous_response_id")
+        return messages
+
     async def _tokenize(self, text: str) -> list[int]:
         """Tokenize inline when this is the only request (a thread hop would only add latency);
         under load on a worker thread, since the tokenizer releases the GIL and other requests
@@ -427,9 +511,12 @@ class Gateway:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, self.renderer.tokenize, text)
 
-    def _outcome(self, completion: Completion, dialect: Dialect) -> Outcome:
-        parsed = parse_output(completion.text, self.renderer.reasoning)
-        return Outcome(completion, parsed, [dialect.new_tool_call_id() for _ in parsed.tool_calls])
+    def _outcome(self, completion: Completion, turn: _PendingTurn) -> Outcome:
+        """The reply as the API shows it: a forced call's prefix (context) and what the model
+        sampled after it, parsed together."""
+        parsed = parse_output(turn.forced + completion.text, self.renderer.reasoning)
+        ids = [turn.dialect.new_tool_call_id() for _ in parsed.tool_calls]
+        return Outcome(completion, parsed, ids)
 
     def _response(self, turn: _PendingTurn, outcome: Outcome) -> dict[str, Any]:
         return turn.dialect.response(
@@ -483,15 +570,27 @@ class Gateway:
                 request=turn.body,
                 response=response,
                 parent=prompt.parent,
+                max_new_tokens=turn.parsed.spec.max_new_tokens,
             )
             await self.store.append_turn(state.session_id, recorded)
             state.next_index += 1
             state.remember(
                 RecordedTurn(recorded.index, prompt.text + c.full_text, prompt.ids + c.ids),
                 outcome.returned_message(),
-                c.raw,
+                turn.forced + c.raw,  # the assistant message as re-rendered: prefix included
             )
         self.counters["turns_recorded"] += 1
+
+
+class PreviousNotFound(LookupError):
+    """A `previous_response_id` this session has no (stored) response for."""
+
+
+def forced_prefix(parsed: ApiRequest) -> str:
+    """The prompt's forced start of the reply for a `tool_choice` that requires a call."""
+    if parsed.forced_tool is None:
+        return ""
+    return forced_call_prefix(None if parsed.forced_tool == ANY_TOOL else parsed.forced_tool)
 
 
 def engine_rid(sid: str | None, response_id: str) -> str:
@@ -513,6 +612,8 @@ class _PendingTurn:
     parsed: ApiRequest
     prompt: Prompt
     rid: str
+    forced: str = ""
+    """A forced tool call's prefix, at the end of the prompt (context, not sampled)."""
 
 
 def _classify(error: Exception) -> tuple[int, str]:
@@ -526,8 +627,38 @@ def _classify(error: Exception) -> tuple[int, str]:
 
 
 def _error(dialect: Dialect, status: int, message: str, param: str | None = None) -> web.Response:
-    """An error response in `dialect`'s shape."""
-    return web.json_response(dialect.error_body(status, message, param), status=status)
+    """An error response in `dialect`'s shape; `x-should-retry: false` where sending the same
+    request again cannot succeed (SDKs and agents honour it instead of retrying)."""
+    final = (400 <= status < 500 and status not in (408, 429)) or status == 501
+    headers = {"x-should-retry": "false"} if final else None
+    return web.json_response(
+        dialect.error_body(status, message, param), status=status, headers=headers
+    )
+
+
+@web.middleware
+async def access_log_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """`METHOD PATH session=ID STATUS tokens=PROMPT+COMPLETION MS ms`, one line per request
+    (the path without its query; the session from the path or `-`)."""
+    started = time.monotonic()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as e:
+        status = e.status
+        raise
+    finally:
+        match = _SESSION_PATH.fullmatch(normalize_path(request.path))
+        sid = match.group(1)[:16] if match else "-"
+        tokens = request.get(TOKENS_KEY)
+        used = f"{tokens[0]}+{tokens[1]}" if tokens else "-"
+        ms = (time.monotonic() - started) * 1000
+        print(
+            f"{request.method} {request.path} session={sid} {status} tokens={used} {ms:.0f} ms",
+            flush=True,
+        )
 
 
 def _json(payload: Any, status: int = 200) -> web.Response:

@@ -71,6 +71,10 @@ class PromptPlan:
     def complete(self, new_ids: list[int]) -> Prompt:
         return Prompt(self.text, self.reused_ids + new_ids, self.parent)
 
+    def then(self, text: str) -> PromptPlan:
+        """This prompt followed by `text` (a forced reply's start: context, not sampled)."""
+        return PromptPlan(self.text + text, self.reused_ids, self.parent, self.new_text + text)
+
 
 def with_system_prompt(
     messages: list[dict[str, Any]], system_prompt: str | None

@@ -63,6 +63,7 @@ async def start(
         model_name=config.trainer.model,
         eos_ids=set(info.get("eos_token_ids") or [tokenizer.eos_token_id]),
         system_prompt=config.system_prompt,
+        max_model_len=info.get("max_model_len"),
     )
     bind = cluster.bind if cluster.backend == "ray" else "127.0.0.1"
     runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Endpoint = Literal["chat.completions", "messages"]
+Endpoint = Literal["chat.completions", "messages", "responses"]
 TurnFinish = Literal["stop", "length", "tool_calls", "abort"]
 
 
@@ -27,6 +27,9 @@ class Turn(BaseModel):
     response: dict[str, Any]
     parent: int | None = None
     """Index of the turn whose `prompt_ids + completion_ids` this prompt extends, if any."""
+    max_new_tokens: int | None = None
+    """The token budget the engine was given: the request's, or less when it was capped to the
+    room the context had left (`gateway.max_tokens_policy = "cap"`); None: the engine's own."""
 
 
 class Trajectory(BaseModel):

@@ -1,0 +1,354 @@
+"""The OpenAI Responses surface (`POST /v1/responses`): request parsing, the Response object and
+its stream of events.
+
+Input items become the chat form in `messages.py` (messages, `function_call` and
+`function_call_output` items; reasoning items are not fed back); `instructions` is a system
+message first. Only function tools reach the model: a client's other tools (web search,
+namespaces, custom grammars) are dropped from the prompt. `previous_response_id` is resolved by
+the server from the session's recorded turns (`history`), so a chain of responses renders as
+one conversation and is recorded as one trajectory.
+
+Output: a reasoning item (templates with `<think>`), a message item with one `output_text`
+part, then one `function_call` item per call, with ids derived from the response's id so the
+streamed items, the final response and the recorded one agree. A generation cut by its token
+budget is `status: "incomplete"` (`incomplete_details.reason: "max_output_tokens"`), as the
+real API answers. Streams are `event:` + `data:` frames with a `sequence_number`, from
+`response.created` to exactly one of `response.completed` / `response.incomplete` /
+`response.failed`, and no `[DONE]`; every item ends with `response.output_item.done`, the event
+Codex reads its items from.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from tracerl.gateway.api import ApiRequest, Dialect, Outcome, forced_tool, integer, number, sse
+from tracerl.gateway.generation import SamplingSpec
+from tracerl.gateway.messages import BadRequest, responses_messages, responses_tools
+
+UNSUPPORTED = {
+    "background": "background responses are not supported",
+    "conversation": "server-side conversations are not supported (use previous_response_id)",
+    "prompt": "prompt templates are not supported",
+}
+
+
+def parse_request(body: dict[str, Any]) -> ApiRequest:
+    for name, why in UNSUPPORTED.items():
+        if body.get(name):
+            raise BadRequest(name, why)
+    if body.get("top_logprobs"):
+        raise BadRequest("top_logprobs", "is not supported (logprobs of sampled tokens only)")
+    text = body.get("text") or {}
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        raise BadRequest("text.format", f"only text output is supported, got {fmt.get('type')!r}")
+    choice = body.get("tool_choice")
+    previous = body.get("previous_response_id")
+    if previous is not None and (not isinstance(previous, str) or not previous):
+        raise BadRequest("previous_response_id", "expected a response id")
+    messages = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise BadRequest("instructions", "expected a string")
+        messages.append({"role": "system", "content": instructions})
+    if "input" not in body:
+        raise BadRequest("input", "is required")
+    include = body.get("include") or []
+    if not isinstance(include, list):
+        raise BadRequest("include", "expected a list")
+    tools = [] if choice == "none" else responses_tools(body)
+    if choice in (None, "auto", "none"):
+        forced = None
+    elif choice == "required":
+        forced = forced_tool("required", None, tools, "tool_choice")
+    elif isinstance(choice, dict) and choice.get("type") == "function":
+        forced = forced_tool("function", choice.get("name"), tools, "tool_choice.name")
+    else:
+        raise BadRequest("tool_choice", "expected 'auto', 'none', 'required' or a function")
+    return ApiRequest(
+        messages=messages + responses_messages(body["input"]),
+        tools=tools,
+        forced_tool=forced,
+        spec=SamplingSpec(
+            max_new_tokens=integer(body, "max_output_tokens", 1),
+            temperature=number(body, "temperature", 1.0, 0.0, 2.0),
+            top_p=number(body, "top_p", 1.0, 1e-9, 1.0),
+        ),
+        stream=bool(body.get("stream", False)),
+        include_usage=True,
+        want_logprobs="message.output_text.logprobs" in include,
+        extra={"previous_response_id": previous, "history_at": len(messages), "body": body},
+        max_tokens_param="max_output_tokens",
+    )
+
+
+def history(request: dict[str, Any], response: dict[str, Any]) -> list[dict[str, Any]]:
+    """One recorded response's conversation after its instructions: its input, then its
+    output as the assistant message it was (what the next response in a chain continues)."""
+    messages = responses_messages(request.get("input", []))
+    return [*messages, output_message(response.get("output") or [])]
+
+
+def output_message(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A response's output items as one assistant message in the chat form (reasoning left
+    out, as the other surfaces feed none back)."""
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    for item in items:
+        if item.get("type") == "message":
+            parts = item.get("content") or []
+            message["content"] += "".join(
+                str(p.get("text", "")) for p in parts if p.get("type") == "output_text"
+            )
+        elif item.get("type") == "function_call":
+            call = {"name": item["name"], "arguments": json.loads(item["arguments"] or "{}")}
+            message.setdefault("tool_calls", []).append(
+                {"id": item["call_id"], "type": "function", "function": call}
+            )
+    return message
+
+
+def _suffix(rid: str) -> str:
+    return rid.removeprefix("resp_")
+
+
+def _status(outcome: Outcome) -> tuple[str, dict[str, str] | None]:
+    finish = outcome.completion.finish
+    if finish == "length" and not outcome.has_calls:
+        return "incomplete", {"reason": "max_output_tokens"}
+    if finish == "abort":
+        return "incomplete", {"reason": "interrupted"}
+    return "completed", None
+
+
+def usage(outcome: Outcome) -> dict[str, Any]:
+    c = outcome.completion
+    return {
+        "input_tokens": c.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": len(c.ids),
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": c.prompt_tokens + len(c.ids),
+    }
+
+
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
+
+
+def output_items(outcome: Outcome, rid: str, logprobs: Any = None) -> list[dict[str, Any]]:
+    suffix, items = _suffix(rid), []
+    if outcome.parsed.reasoning is not None:
+        items.append(
+            {
+                "type": "reasoning",
+                "id": f"rs_{suffix}",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": outcome.parsed.reasoning}],
+                "status": "completed",
+            }
+        )
+    if outcome.parsed.content or not outcome.has_calls:
+        items.append(_message_item(rid, outcome.parsed.content, "completed", logprobs))
+    for cid, call in zip(outcome.call_ids, outcome.parsed.tool_calls, strict=True):
+        items.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{cid.removeprefix('call_')}",
+                "call_id": cid,
+                "name": call.name,
+                "arguments": json.dumps(call.arguments),
+                "status": "completed",
+            }
+        )
+    return items
+
+
+def _message_item(rid: str, text: str, status: str, logprobs: Any = None) -> dict[str, Any]:
+    content = [_text_part(text, logprobs)] if status == "completed" else []
+    return {
+        "type": "message",
+        "id": f"msg_{_suffix(rid)}",
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
+
+
+def _logprobs(outcome: Outcome, tokenizer: Any) -> list[dict[str, Any]]:
+    from tracerl.engine.detokenize import safe_decode
+
+    out = []
+    for tid, lp in zip(outcome.completion.ids, outcome.completion.logprobs, strict=True):
+        token = safe_decode(tokenizer, [tid])
+        out.append(
+            {"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []}
+        )
+    return out
+
+
+def response_object(
+    req: ApiRequest, model: str, rid: str, created: float, outcome: Outcome | None = None,
+    tokenizer: Any = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The Response: in progress (no outcome yet) or finished."""
+    body: dict[str, Any] = req.extra.get("body", {})
+    status, incomplete = _status(outcome) if outcome is not None else ("in_progress", None)
+    logprobs = _logprobs(outcome, tokenizer) if outcome and req.want_logprobs else None
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "model": model,
+        "output": output_items(outcome, rid, logprobs) if outcome is not None else [],
+        "usage": usage(outcome) if outcome is not None else None,
+        "incomplete_details": incomplete,
+        "error": None,
+        "instructions": body.get("instructions"),
+        "tools": body.get("tools") or [],
+        "tool_choice": body.get("tool_choice") or "auto",
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": body.get("previous_response_id"),
+        "store": body.get("store", True),
+        "temperature": body.get("temperature", 1.0),
+        "top_p": body.get("top_p", 1.0),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "text": {"format": {"type": "text"}},
+        "reasoning": body.get("reasoning"),
+        "truncation": "disabled",
+        "metadata": body.get("metadata") or {},
+    }
+
+
+def response(outcome: Outcome, req: ApiRequest, model: str, rid: str, tokenizer: Any) -> dict:
+    return response_object(
+        req, model, rid, req.extra.get("created", time.time()), outcome, tokenizer
+    )
+
+
+class ChunkWriter:
+    """The events of one streamed response. Text streams into the message item as it is
+    generated; reasoning and tool calls are known once the output is complete and follow as
+    their own items."""
+
+    def __init__(self, model: str, rid: str, req: ApiRequest) -> None:
+        self.model, self.rid, self.req = model, rid, req
+        self.created = float(req.extra.setdefault("created", time.time()))
+        self.sequence = 0
+        self.text_index: int | None = None  # the message item's, once its events began
+        self.final: dict[str, Any] = {}
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        out = sse({"type": kind, **fields, "sequence_number": self.sequence}, event=kind)
+        self.sequence += 1
+        return out
+
+    def _response(self, outcome: Outcome | None = None) -> dict[str, Any]:
+        return response_object(self.req, self.model, self.rid, self.created, outcome)
+
+    def start(self, prompt_tokens: int) -> bytes:
+        head = self._response()
+        return self._event("response.created", response=head) + self._event(
+            "response.in_progress", response=head
+        )
+
+    def _open_text(self, index: int) -> bytes:
+        self.text_index = index
+        item = _message_item(self.rid, "", "in_progress")
+        return self._event(
+            "response.output_item.added", output_index=index, item=item
+        ) + self._event(
+            "response.content_part.added", item_id=item["id"], output_index=index,
+            content_index=0, part=_text_part(""),
+        )  # fmt: skip
+
+    def text(self, delta: str) -> bytes:
+        """Streamed text: the message is the first item whenever text streams (templates
+        with reasoning stream none: their text follows the reasoning item at the end)."""
+        out = self._open_text(0) if self.text_index is None else b""
+        return out + self._event(
+            "response.output_text.delta", item_id=f"msg_{_suffix(self.rid)}",
+            output_index=self.text_index, content_index=0, delta=delta, logprobs=[],
+        )  # fmt: skip
+
+    def finish(self, outcome: Outcome, remaining_text: str) -> bytes:
+        final = self._response(outcome)
+        out = b""
+        for index, item in enumerate(final["output"]):
+            if item["type"] == "message":
+                out += self._message_events(index, item, remaining_text)
+                continue
+            out += self._event("response.output_item.added", output_index=index, item=item)
+            if item["type"] == "function_call":
+                out += self._event(
+                    "response.function_call_arguments.delta", item_id=item["id"],
+                    output_index=index, delta=item["arguments"],
+                ) + self._event(
+                    "response.function_call_arguments.done", item_id=item["id"],
+                    output_index=index, name=item["name"], arguments=item["arguments"],
+                )  # fmt: skip
+            out += self._event("response.output_item.done", output_index=index, item=item)
+        self.final = final
+        return out
+
+    def _message_events(self, index: int, item: dict[str, Any], remaining: str) -> bytes:
+        """The message item's remaining events (its streamed text went out at `index`)."""
+        out = self._open_text(index) if self.text_index is None else b""
+        if remaining:
+            out += self.text(remaining)
+        part = item["content"][0]
+        ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        out += self._event("response.output_text.done", **ids, text=part["text"], logprobs=[])
+        out += self._event("response.content_part.done", **ids, part=part)
+        return out + self._event("response.output_item.done", output_index=index, item=item)
+
+    def end(self) -> bytes:
+        """The terminal event, once the turn is recorded (the Responses API sends no
+        `[DONE]`: this event ends the stream)."""
+        final = self.final
+        kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        return self._event(kind, response=final)
+
+    def error(self, status: int, message: str) -> bytes:
+        failed = self._response()
+        failed["status"] = "failed"
+        failed["error"] = {"code": _code(status, None), "message": message}
+        return self._event("response.failed", response=failed)
+
+
+def _code(status: int, param: str | None) -> str:
+    if status == 404 and param == "previous_response_id":
+        return "previous_response_not_found"
+    if status == 400 and param == "input":
+        return "invalid_prompt"
+    return "server_error" if status >= 500 else "invalid_request_error"
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    kind = {401: "authentication_error", 404: "invalid_request_error"}.get(
+        status, "server_error" if status >= 500 else "invalid_request_error"
+    )
+    return {
+        "error": {"message": message, "type": kind, "param": param, "code": _code(status, param)}
+    }
+
+
+def models(model_name: str) -> dict[str, Any]:
+    entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "tracerl"}
+    return {"object": "list", "data": [entry]}
+
+
+DIALECT = Dialect(
+    endpoint="responses",
+    response_id_prefix="resp_",
+    tool_call_id_prefix="call_",
+    parse_request=parse_request,
+    response=response,
+    chunk_writer=ChunkWriter,
+    error_body=error_body,
+    models=models,
+)
