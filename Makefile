@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-ray test-postgres
+.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-ray test-postgres test-compat
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,24 @@ $(PG_STAMP): $(STAMP)
 
 test-postgres: $(STAMP) $(PG_STAMP)
 	$(BIN)/python -m pytest -q -m postgres tests/postgres
+
+# Real third-party agents through the gateway, each pinned: the Python frameworks in a venv of
+# their own (.venv-compat), the Claude Code and Codex CLIs under their own npm prefix
+# (.npm-compat; Claude Code 2.1.332 declares node >= 22 but runs its own native binary).
+COMPAT_VENV := .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+COMPAT_PIP := openai-agents==0.24.0 'pydantic-ai-slim[openai]==2.68.0' langchain-openai==1.7.4 \
+	litellm==1.110.2 smolagents==1.26.0
+COMPAT_NPM := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0
+
+$(COMPAT_STAMP):
+	python3 -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/pip install --quiet $(COMPAT_PIP)
+	npm install --prefix .npm-compat --no-audit --no-fund --engine-strict=false $(COMPAT_NPM)
+	touch $(COMPAT_STAMP)
+
+test-compat: $(STAMP) $(COMPAT_STAMP)
+	$(BIN)/python -m pytest -q -m compat tests/integration/test_agents_compat.py
 
 # The main job: GRPO on SmolLM2-135M-Instruct on this CPU (a new run directory each time).
 demo: $(STAMP)

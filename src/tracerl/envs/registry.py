@@ -13,6 +13,8 @@ from typing import Any
 from tracerl.config.envs import (
     ArithmeticEnvConfig,
     CalculatorEnvConfig,
+    ClaudeCodeEnvConfig,
+    CodexEnvConfig,
     CommandEnvConfig,
     ConciseEnvConfig,
     EnvConfig,
@@ -22,10 +24,11 @@ from tracerl.envs import arithmetic, calculator, concise
 from tracerl.envs.arithmetic import ArithmeticEnvironment
 from tracerl.envs.base import Environment, Task
 from tracerl.envs.calculator import CalculatorEnvironment
+from tracerl.envs.cli_agents import ClaudeCodeEnvironment, CodexEnvironment
 from tracerl.envs.command import CommandEnvironment
 from tracerl.envs.concise import ConciseEnvironment
 
-ENVIRONMENTS = ("arithmetic", "concise", "calculator", "command")
+ENVIRONMENTS = ("arithmetic", "concise", "calculator", "command", "claude-code", "codex")
 TASK_GENERATORS: dict[str, Callable[[int, int], list[Task]]] = {
     "arithmetic": arithmetic.generate_tasks,
     "concise": concise.generate_tasks,
@@ -45,6 +48,10 @@ def make_environment(config: EnvConfig | Mapping[str, Any]) -> Environment:
         return CalculatorEnvironment(config)
     if isinstance(config, CommandEnvConfig):
         return CommandEnvironment(config)
+    if isinstance(config, ClaudeCodeEnvConfig):
+        return ClaudeCodeEnvironment(config)
+    if isinstance(config, CodexEnvConfig):
+        return CodexEnvironment(config)
     raise TypeError(f"not an environment config: {config!r}")
 
 

@@ -1,0 +1,152 @@
+"""Real third-party agents through the gateway (`make test-compat` installs them: the Python
+frameworks in `.venv-compat`, the Claude Code and Codex CLIs under `.npm-compat`, at pinned
+versions). Each run is bounded in time and must leave a recorded turn and a valid trajectory.
+
+- The Python frameworks (openai-agents' default Responses model, pydantic-ai's Responses
+  model, langchain-openai, litellm, smolagents' ToolCallingAgent) against a scripted engine.
+- The `claude-code` and `codex` environments: with a scripted engine that calls a shell tool,
+  the task's check (a file created) gives reward 1; on `tiny-long` (65,536 positions) with a
+  32k context their real 7-13k-token prompts are recorded as one trajectory; on a 2,048-token
+  context the episode fails quickly, naming the context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tracerl.config import EngineConfig
+from tracerl.envs import Session, make_environment, run_episode
+
+ROOT = Path(__file__).parents[2]
+VENV = ROOT / ".venv-compat" / "bin" / "python"
+BIN = ROOT / ".npm-compat" / "node_modules" / ".bin"
+CLIENT_DEADLINE_S = 180.0
+
+pytestmark = [
+    pytest.mark.compat,
+    pytest.mark.skipif(
+        not VENV.is_file() or not (BIN / "claude").exists(),
+        reason="the compatibility clients are not installed (make test-compat installs them)",
+    ),
+]
+CLIS = {"claude-code": BIN / "claude", "codex": BIN / "codex"}
+# What each CLI's shell tool is called, and how it takes a command.
+SHELL_CALL = {
+    "claude-code": '{"name": "Bash", "arguments": {"command": "echo hi > hello.txt", '
+    '"description": "write the file"}}',
+    "codex": '{"name": "exec_command", "arguments": {"cmd": "echo hi > hello.txt"}}',
+}
+
+
+def valid(trace: dict[str, Any]) -> None:
+    assert trace["turns"], "no turn recorded"
+    for traj in trace["trajectories"]:
+        assert len(traj["token_ids"]) == len(traj["loss_mask"]) == len(traj["logprobs"])
+    sampled = sum(len(t["completion_ids"]) for t in trace["turns"])
+    assert sum(sum(t["loss_mask"]) for t in trace["trajectories"]) == sampled
+
+
+@pytest.mark.parametrize(
+    "client", ["openai_agents", "pydantic_ai", "langchain_openai", "litellm", "smolagents"]
+)
+async def test_a_framework_makes_a_recorded_call(fake_engine, make_gateway, client: str) -> None:
+    fake, engine_client = fake_engine
+    gw = await make_gateway(engine_client)
+    session = await gw.open_session()
+    # smolagents forces a call of its one tool, final_answer: the gateway writes the call's
+    # start, the model continues with the arguments
+    fake.say(
+        '{"answer": "Hello there."}}\n</tool_call>' if client == "smolagents" else "Hello there."
+    )
+    env = {
+        **os.environ,
+        "TRACERL_BASE_URL": session["openai_base_url"],
+        "TRACERL_API_KEY": session["api_key"],
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no download at import
+    }
+    proc = await asyncio.create_subprocess_exec(
+        str(VENV), str(Path(__file__).parent / "compat_clients.py"), client, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(CLIENT_DEADLINE_S):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert out.decode().strip().splitlines()[-1] == "Hello there."
+    trace = await gw.trace(session["session_id"])
+    valid(trace)
+    assert len(trace["trajectories"]) == 1
+
+
+async def play(cli: str, session: dict[str, Any], **config: Any) -> Any:
+    env = make_environment({"name": cli, "executable": str(CLIS[cli]), **config})
+    return await run_episode(
+        env, {"prompt": "Create hello.txt."}, Session.from_gateway(session), 300
+    )
+
+
+@pytest.mark.parametrize("cli", ["claude-code", "codex"])
+async def test_a_cli_agent_does_the_task_and_its_check_rewards_it(
+    fake_engine, make_gateway, cli: str
+) -> None:
+    fake, engine_client = fake_engine
+    gw = await make_gateway(engine_client)
+    session = await gw.open_session()
+    fake.say(f"<tool_call>\n{SHELL_CALL[cli]}\n</tool_call>", "Done.")
+    result = await play(cli, session, check="grep -q hi hello.txt")
+    assert not result.failed and result.reward == 1.0, result.reason
+    trace = await gw.trace(session["session_id"])
+    valid(trace)
+    assert len(trace["turns"]) == 2 and trace["turns"][0]["finish_reason"] == "tool_calls"
+    endpoint = {"claude-code": "messages", "codex": "responses"}[cli]
+    assert {t["endpoint"] for t in trace["turns"]} == {endpoint}
+
+
+@pytest.mark.parametrize("cli", ["claude-code", "codex"])
+async def test_a_cli_agent_on_tiny_long_is_one_recorded_trajectory(make_gateway, cli: str) -> None:
+    from tracerl.engine.local import LocalEngine
+
+    engine = LocalEngine(
+        EngineConfig(model="tiny-long", max_model_len=32768, kv_cache_tokens=40000)
+    )
+    await engine.start()
+    try:
+        gw = await make_gateway(engine, max_model_len=32768)
+        session = await gw.open_session()
+        # a few sampled tokens a turn keep the random model's turns short
+        config = (
+            {"env": {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "16"}, "max_turns": 1}
+            if cli == "claude-code"
+            else {}
+        )
+        result = await play(cli, session, check="test -f hello.txt", **config)
+        trace = await gw.trace(session["session_id"])
+    finally:
+        await engine.close()
+    valid(trace)
+    assert len(trace["trajectories"]) == 1
+    assert len(trace["turns"][0]["prompt_ids"]) > 2048  # past the plain tiny model's context
+    # the random model writes no file, or its reply runs to the budget, which both CLIs report
+    # as an error of the turn (as they do for the real APIs)
+    cut = {"claude-code": "output token maximum", "codex": "max_output_tokens"}[cli]
+    assert result.reward == 0.0 or (result.failed and cut in (result.reason or "")), result
+
+
+async def test_a_prompt_past_the_context_is_a_clear_episode_failure(
+    fake_engine, make_gateway
+) -> None:
+    _, engine_client = fake_engine
+    gw = await make_gateway(engine_client, max_model_len=2048)
+    session = await gw.open_session()
+    result = await play("claude-code", session, check="true", timeout_s=120)
+    assert result.failed and "context is 2048 tokens" in (result.reason or ""), result.reason
+    assert (await gw.trace(session["session_id"]))["turns"] == []
