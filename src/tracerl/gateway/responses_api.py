@@ -93,6 +93,30 @@ def history(request: dict[str, Any], response: dict[str, Any]) -> list[dict[str,
     return [*messages, output_message(response.get("output") or [])]
 
 
+class PreviousNotFound(LookupError):
+    """A `previous_response_id` this session has no (stored) response for."""
+
+
+async def chain(store: Any, state: Any, response_id: str) -> list[dict[str, Any]]:
+    """The conversation a chain of responses ending at `response_id` had: every earlier
+    response's input and output, from the session's recorded turns in `store` (`state`: the
+    session, None for untraced use, which has none). A response stored with `store: false`,
+    or one of another session, cannot be continued, as on the real API."""
+    turns = await store.turns(state.session_id) if state is not None else []
+    by_id = {t.response.get("id"): t for t in turns if t.endpoint == "responses"}
+    messages: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    current: str | None = response_id
+    while current is not None:
+        turn = by_id.get(current)
+        if turn is None or turn.request.get("store") is False or current in seen:
+            raise PreviousNotFound(f"Previous response with id '{current}' not found.")
+        seen.add(current)
+        messages[:0] = history(turn.request, turn.response)
+        current = turn.request.get("previous_response_id")
+    return messages
+
+
 def output_message(items: list[dict[str, Any]]) -> dict[str, Any]:
     """A response's output items as one assistant message in the chat form (reasoning left
     out, as the other surfaces feed none back)."""

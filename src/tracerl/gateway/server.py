@@ -3,35 +3,34 @@
 Only `POST …/v1/chat/completions`, `POST …/v1/messages` and `POST …/v1/responses` are
 generations, decided by the normalised method and path (never by the body). Everything else never
 touches traces: `count_tokens` and `models` are answered here and unknown paths get a native 404.
-A Responses API `previous_response_id` is resolved from the session's recorded turns (`_chain`).
+A Responses API `previous_response_id` is resolved from the session's recorded turns
+(`responses_api.chain`).
 A traced generation answers success only after its turn is committed to the store; a stream
 holds its `[DONE]` / `message_stop` / `response.completed` until then, and ends with an error
 event and no end marker when the engine reply cannot be traced or recording fails. A client that
 disconnects mid-stream does not stop the generation: it is drained and recorded with
 `client_disconnected: true`.
 
-One module of ~540 lines: the HTTP surface (auth, sessions, classification, the traced
+One module of ~590 lines: the HTTP surface (auth, sessions, classification, the traced
 generation and its streaming) shares one Gateway's state; the API shapes live in the dialect
-modules and the prompt planning in `session.py`.
+modules, the shared replies (errors, access log) in `replies.py` and the prompt planning in
+`session.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import hmac
 import logging
 import re
 import secrets
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from tracerl.engine.protocol import Engine
@@ -48,7 +47,19 @@ from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_t
 from tracerl.gateway.openai_api import DIALECT as OPENAI
 from tracerl.gateway.parse import parse_output, streamable_prefix
 from tracerl.gateway.render import ChatRenderer, forced_call_prefix
+from tracerl.gateway.replies import (
+    SESSION_PATH,
+    TOKENS_KEY,
+    access_log_middleware,
+    classify,
+    close_stream,
+    error_response,
+    json_response,
+    normalize_path,
+    read_json,
+)
 from tracerl.gateway.responses_api import DIALECT as RESPONSES
+from tracerl.gateway.responses_api import PreviousNotFound, chain
 from tracerl.gateway.session import (
     Prompt,
     RecordedTurn,
@@ -62,9 +73,6 @@ from tracerl.trace.schema import Turn
 log = logging.getLogger(__name__)
 
 GATEWAY_KEY = web.AppKey("gateway", object)
-TOKENS_KEY = web.RequestKey("tokens", tuple)
-"""Where a generation leaves (prompt, completion) tokens for the access log."""
-_SESSION_PATH = re.compile(r"/s/([^/]*)(/.*)?")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]+")
 BASE_PATHS = frozenset({"/", "/v1", "/api/hello"})
 """Base URLs clients probe (Claude Code's `HEAD /api/hello` pre-connect, a `GET` of the base
@@ -80,11 +88,6 @@ _ROUTES = {
 
 def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-def normalize_path(path: str) -> str:
-    path = re.sub(r"/{2,}", "/", path)
-    return path.rstrip("/") or "/"
 
 
 class Gateway:
@@ -172,17 +175,17 @@ class Gateway:
 
     async def create_session(self, request: web.Request) -> web.Response:
         if not self._is_admin(request):
-            return _error(OPENAI, 401, "a valid admin key is required")
+            return error_response(OPENAI, 401, "a valid admin key is required")
         body: Any = {}
         if request.can_read_body:
-            body = await _read_json(request, OPENAI)
+            body = await read_json(request, OPENAI)
             if isinstance(body, web.Response):
                 return body
         if not isinstance(body, dict):
-            return _error(OPENAI, 400, "expected a JSON object", "body")
+            return error_response(OPENAI, 400, "expected a JSON object", "body")
         system_prompt = body.get("system_prompt", self.system_prompt)
         if system_prompt is not None and not isinstance(system_prompt, str):
-            return _error(OPENAI, 400, "expected a string", "system_prompt")
+            return error_response(OPENAI, 400, "expected a string", "system_prompt")
         sid, key = secrets.token_hex(16), secrets.token_urlsafe(32)
         meta = {"system_prompt": system_prompt, "metadata": body.get("metadata") or {}}
         await self.store.create_session(sid, key_hash(key), meta)
@@ -199,19 +202,19 @@ class Gateway:
 
     async def get_trace(self, request: web.Request) -> web.Response:
         if not self._is_admin(request):
-            return _error(OPENAI, 401, "a valid admin key is required")
+            return error_response(OPENAI, 401, "a valid admin key is required")
         trace = await self.store.trace(request.match_info["sid"])
         if trace is None:
-            return _error(OPENAI, 404, "no such session")
+            return error_response(OPENAI, 404, "no such session")
         return web.Response(text=trace.model_dump_json(), content_type="application/json")
 
     async def close_session(self, request: web.Request) -> web.Response:
         if not self._is_admin(request):
-            return _error(OPENAI, 401, "a valid admin key is required")
+            return error_response(OPENAI, 401, "a valid admin key is required")
         sid = request.match_info["sid"]
         state = await self._session(sid)
         if state is None or not await self.store.close_session(sid):
-            return _error(OPENAI, 404, "no such session")
+            return error_response(OPENAI, 404, "no such session")
         state.closed = True  # a request still in flight sees it through its own reference
         self.sessions.pop(sid, None)  # its prompts and raw assistant texts go with it
         return web.json_response({"session_id": sid, "status": "closed"})
@@ -243,7 +246,7 @@ class Gateway:
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
         path = normalize_path(request.path)  # request.path excludes the query string
         sid = None
-        match = _SESSION_PATH.fullmatch(path)
+        match = SESSION_PATH.fullmatch(path)
         if match:
             sid, path = match.group(1), match.group(2) or "/"
         kind = _ROUTES.get((request.method, path))
@@ -255,7 +258,7 @@ class Gateway:
         if path.startswith("/v1/responses"):
             dialect = RESPONSES
         if sid is not None and not _SESSION_ID.fullmatch(sid):  # no session has such an id
-            return _error(dialect, 404, "no such session")
+            return error_response(dialect, 404, "no such session")
         if kind == "chat":
             return await self.generation(request, sid, OPENAI)
         if kind == "messages":
@@ -271,24 +274,24 @@ class Gateway:
             return web.json_response({"status": "ok"})  # what clients probe before they start
         if kind == "responses":
             return await self.generation(request, sid, RESPONSES)
-        return _error(dialect, 404, f"no route for {request.method} {path}")
+        return error_response(dialect, 404, f"no route for {request.method} {path}")
 
     async def _authorize(
         self, request: web.Request, sid: str | None, dialect: Dialect
     ) -> SessionState | web.Response | None:
         if sid is None:
             if not self._is_admin(request):
-                return _error(dialect, 401, "missing or invalid API key")
+                return error_response(dialect, 401, "missing or invalid API key")
             return None
         state = await self._session(sid)
         if state is None:
-            return _error(dialect, 404, "no such session")
+            return error_response(dialect, 404, "no such session")
         if not self._may_use(request, state):
-            return _error(dialect, 401, "missing or invalid API key")
+            return error_response(dialect, 401, "missing or invalid API key")
         return state
 
     async def count_tokens(self, request: web.Request, sid: str | None) -> web.Response:
-        body = await _read_json(request, ANTHROPIC)
+        body = await read_json(request, ANTHROPIC)
         if isinstance(body, web.Response):
             return body
         if isinstance(body, dict) and sid is None and "session_id" in body:
@@ -303,7 +306,7 @@ class Gateway:
             messages = with_system_prompt(messages, state.system_prompt if state else None)
             text = self.renderer.render(messages, anthropic_tools(body))
         except BadRequest as e:
-            return _error(ANTHROPIC, 400, str(e), e.param)
+            return error_response(ANTHROPIC, 400, str(e), e.param)
         self.counters["count_tokens"] += 1
         return web.json_response({"input_tokens": len(self.renderer.tokenize(text))})
 
@@ -318,14 +321,14 @@ class Gateway:
         except Exception as e:  # a bug, not a client or engine error: still a native error
             log.exception("generation request failed")
             self.counters["internal_error"] += 1
-            return _error(dialect, 500, f"internal gateway error: {e!r}")
+            return error_response(dialect, 500, f"internal gateway error: {e!r}")
         finally:
             self._busy -= 1
 
     async def _generation(
         self, request: web.Request, sid: str | None, dialect: Dialect
     ) -> web.StreamResponse:
-        body = await _read_json(request, dialect)
+        body = await read_json(request, dialect)
         if isinstance(body, web.Response):
             return body
         if isinstance(body, dict) and "session_id" in body:
@@ -335,7 +338,7 @@ class Gateway:
         if isinstance(state, web.Response):
             return state
         if state is not None and state.closed:
-            return _error(dialect, 409, "the session is closed")
+            return error_response(dialect, 409, "the session is closed")
         try:
             if not isinstance(body, dict):
                 raise BadRequest("body", "expected a JSON object")
@@ -343,19 +346,19 @@ class Gateway:
             previous = parsed.extra.get("previous_response_id")
             if previous is not None:
                 at = parsed.extra["history_at"]
-                parsed.messages[at:at] = await self._chain(state, previous)
+                parsed.messages[at:at] = await chain(self.store, state, previous)
             plan = plan_prompt(self.renderer, parsed.messages, parsed.tools, state)
             forced = forced_prefix(parsed)
             plan = plan.then(forced)
         except BadRequest as e:
-            return _error(dialect, 400, str(e), e.param)
+            return error_response(dialect, 400, str(e), e.param)
         except PreviousNotFound as e:
-            return _error(dialect, 404, str(e), "previous_response_id")
+            return error_response(dialect, 404, str(e), "previous_response_id")
         prompt = plan.complete(await self._tokenize(plan.new_text))
         try:
             self._fit_budget(parsed, len(prompt.ids))
         except BadRequest as e:
-            return _error(dialect, 400, str(e), e.param)
+            return error_response(dialect, 400, str(e), e.param)
         turn = _PendingTurn(dialect, state, body, parsed, prompt, dialect.new_response_id(), forced)
         self.counters[f"generation.{dialect.endpoint}.{'traced' if state else 'untraced'}"] += 1
         items = generate(
@@ -370,7 +373,7 @@ class Gateway:
         try:
             first = await anext(items)
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
-            return self._generation_error(dialect, e)
+            return self._generationerror_response(dialect, e)
         if parsed.stream:
             return await self._stream(request, turn, first, items)
         completion = first
@@ -378,7 +381,7 @@ class Gateway:
             async for item in items:
                 completion = item
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
-            return self._generation_error(dialect, e)
+            return self._generationerror_response(dialect, e)
         assert isinstance(completion, Completion)
         request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
         outcome = self._outcome(completion, turn)
@@ -388,8 +391,8 @@ class Gateway:
             gone = transport is None or transport.is_closing()
             failure = await self._record(turn, outcome, response, gone)
             if failure is not None:
-                return _error(dialect, 500, failure)
-        return _json(response)
+                return error_response(dialect, 500, failure)
+        return json_response(response)
 
     async def _stream(
         self,
@@ -437,12 +440,12 @@ class Gateway:
             async for item in items:
                 await show(item)
         except Exception as e:  # after the 200 went out, every failure is an error event
-            status, message = _classify(e)
+            status, message = classify(e)
             if status == 500 and not isinstance(e, UntraceableReply):
                 log.exception("streamed generation failed")
             self.counters["generation_failed"] += 1
             await send(writer.error(status, message))
-            return await _close(resp)
+            return await close_stream(resp)
         assert completion is not None
         request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
         outcome = self._outcome(completion, turn)
@@ -454,9 +457,9 @@ class Gateway:
             failure = await self._record(turn, outcome, self._response(turn, outcome), gone)
             if failure is not None:
                 await send(writer.error(500, failure))
-                return await _close(resp)
+                return await close_stream(resp)
         await send(writer.end())
-        return await _close(resp)
+        return await close_stream(resp)
 
     def _fit_budget(self, parsed: ApiRequest, prompt_tokens: int) -> None:
         """Cap (or reject) a token budget beyond the room the context leaves after the prompt;
@@ -482,26 +485,6 @@ class Gateway:
         parsed.spec.max_new_tokens = room
         self.counters["max_tokens_capped"] += 1
 
-    async def _chain(self, state: SessionState | None, response_id: str) -> list[dict[str, Any]]:
-        """The conversation a Responses API chain ending at `response_id` had: every earlier
-        response's input and output, from the session's recorded turns (responses stored
-        with `store: false` cannot be continued, as on the real API)."""
-        from tracerl.gateway.responses_api import history
-
-        turns = await self.store.turns(state.session_id) if state is not None else []
-        by_id = {t.response.get("id"): t for t in turns if t.endpoint == "responses"}
-        messages: list[dict[str, Any]] = []
-        seen: set[str] = set()
-        current: str | None = response_id
-        while current is not None:
-            turn = by_id.get(current)
-            if turn is None or turn.request.get("store") is False or current in seen:
-                raise PreviousNotFound(f"Previous response with id '{current}' not found.")
-            seen.add(current)
-            messages[:0] = history(turn.request, turn.response)
-            current = turn.request.get("previous_response_id")
-        return messages
-
     async def _tokenize(self, text: str) -> list[int]:
         """Tokenize inline when this is the only request (a thread hop would only add latency);
         under load on a worker thread, since the tokenizer releases the GIL and other requests
@@ -523,10 +506,10 @@ class Gateway:
             outcome, turn.parsed, self.model_name, turn.rid, self.tokenizer
         )
 
-    def _generation_error(self, dialect: Dialect, error: Exception) -> web.Response:
-        status, message = _classify(error)
+    def _generationerror_response(self, dialect: Dialect, error: Exception) -> web.Response:
+        status, message = classify(error)
         self.counters["generation_failed"] += 1
-        return _error(dialect, status, message)
+        return error_response(dialect, status, message)
 
     async def _record(
         self,
@@ -582,10 +565,6 @@ class Gateway:
         self.counters["turns_recorded"] += 1
 
 
-class PreviousNotFound(LookupError):
-    """A `previous_response_id` this session has no (stored) response for."""
-
-
 def forced_prefix(parsed: ApiRequest) -> str:
     """The prompt's forced start of the reply for a `tool_choice` that requires a call."""
     if parsed.forced_tool is None:
@@ -614,73 +593,6 @@ class _PendingTurn:
     rid: str
     forced: str = ""
     """A forced tool call's prefix, at the end of the prompt (context, not sampled)."""
-
-
-def _classify(error: Exception) -> tuple[int, str]:
-    if isinstance(error, UpstreamError):
-        return error.status, error.message
-    if isinstance(error, EngineUnavailable):
-        return 503, str(error)
-    if isinstance(error, UntraceableReply):
-        return 500, f"untraceable engine reply: {error}"
-    return 500, f"internal gateway error: {error!r}"
-
-
-def _error(dialect: Dialect, status: int, message: str, param: str | None = None) -> web.Response:
-    """An error response in `dialect`'s shape; `x-should-retry: false` where sending the same
-    request again cannot succeed (SDKs and agents honour it instead of retrying)."""
-    final = (400 <= status < 500 and status not in (408, 429)) or status == 501
-    headers = {"x-should-retry": "false"} if final else None
-    return web.json_response(
-        dialect.error_body(status, message, param), status=status, headers=headers
-    )
-
-
-@web.middleware
-async def access_log_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    """`METHOD PATH session=ID STATUS tokens=PROMPT+COMPLETION MS ms`, one line per request
-    (the path without its query; the session from the path or `-`)."""
-    started = time.monotonic()
-    status = 500
-    try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except web.HTTPException as e:
-        status = e.status
-        raise
-    finally:
-        match = _SESSION_PATH.fullmatch(normalize_path(request.path))
-        sid = match.group(1)[:16] if match else "-"
-        tokens = request.get(TOKENS_KEY)
-        used = f"{tokens[0]}+{tokens[1]}" if tokens else "-"
-        ms = (time.monotonic() - started) * 1000
-        print(
-            f"{request.method} {request.path} session={sid} {status} tokens={used} {ms:.0f} ms",
-            flush=True,
-        )
-
-
-def _json(payload: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
-
-
-async def _read_json(request: web.Request, dialect: Dialect) -> Any:
-    """The JSON body, or a native 400/413 error response."""
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _error(dialect, 413, "request body too large")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as e:
-        return _error(dialect, 400, f"body is not valid JSON: {e}", "body")
-
-
-async def _close(resp: web.StreamResponse) -> web.StreamResponse:
-    with contextlib.suppress(ConnectionError, RuntimeError):
-        await resp.write_eof()
-    return resp
 
 
 __all__ = ["Gateway", "StoreError", "key_hash", "normalize_path"]
