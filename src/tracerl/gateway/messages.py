@@ -21,7 +21,20 @@ class BadRequest(ValueError):
         self.param = param
 
 
-def _text_parts(content: Any, param: str) -> str:
+CHAT_PARTS = {"text": "text"}
+"""Chat Completions content parts that carry text: part type -> its text field."""
+RESPONSES_PARTS = {
+    "input_text": "text",
+    "output_text": "text",
+    "text": "text",
+    "refusal": "refusal",
+}
+MEDIA_PARTS = ("image_url", "image", "input_audio", "document", "file", "input_image", "input_file")
+
+
+def _text_parts(content: Any, param: str, kinds: dict[str, str] = CHAT_PARTS) -> str:
+    """A string, or a list of text parts joined (`kinds`: the part types that carry text, and
+    the field each keeps it in); media parts and unknown types are a 400 naming the part."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -31,9 +44,9 @@ def _text_parts(content: Any, param: str) -> str:
     texts = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text":
-            texts.append(str(part.get("text", "")))
-        elif kind in ("image_url", "image", "input_audio", "document", "file"):
+        if kind in kinds:
+            texts.append(str(part.get(kinds[kind], "")))
+        elif kind in MEDIA_PARTS:
             raise BadRequest(
                 f"{param}.{i}",
                 f"{kind} content is not supported: the model has no vision or audio input",
@@ -273,7 +286,7 @@ def responses_messages(value: Any, param: str = "input") -> list[dict[str, Any]]
                 out.append(last)
             last.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
-            output = _responses_text(item.get("output"), f"{where}.output")
+            output = _text_parts(item.get("output"), f"{where}.output", RESPONSES_PARTS)
             out.append(
                 {"role": "tool", "content": output, "tool_call_id": str(item.get("call_id", ""))}
             )
@@ -292,31 +305,10 @@ def _responses_message(item: dict[str, Any], where: str) -> dict[str, Any]:
         role = "system"
     if role not in ("system", "user", "assistant"):
         raise BadRequest(f"{where}.role", f"unknown role {role!r}")
-    return {"role": role, "content": _responses_text(item.get("content"), f"{where}.content")}
-
-
-def _responses_text(content: Any, param: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise BadRequest(param, "expected a string or a list of content parts")
-    texts = []
-    for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text"):
-            texts.append(str(part.get("text", "")))
-        elif kind == "refusal":
-            texts.append(str(part.get("refusal", "")))
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise BadRequest(
-                f"{param}.{i}",
-                f"{kind} content is not supported: the model has no vision or audio input",
-            )
-        else:
-            raise BadRequest(f"{param}.{i}", f"unknown content part type {kind!r}")
-    return "".join(texts)
+    return {
+        "role": role,
+        "content": _text_parts(item.get("content"), f"{where}.content", RESPONSES_PARTS),
+    }
 
 
 def _string(item: dict[str, Any], name: str, where: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 from tracerl.gateway.api import ApiRequest, Dialect, Outcome, forced_tool, integer, number, sse
 from tracerl.gateway.generation import SamplingSpec
 from tracerl.gateway.messages import BadRequest, responses_messages, responses_tools
+from tracerl.gateway.openai_api import models
 
 UNSUPPORTED = {
     "background": "background responses are not supported",
@@ -359,11 +360,6 @@ def error_body(status: int, message: str, param: str | None = None) -> dict[str,
     return {
         "error": {"message": message, "type": kind, "param": param, "code": _code(status, param)}
     }
-
-
-def models(model_name: str) -> dict[str, Any]:
-    entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "tracerl"}
-    return {"object": "list", "data": [entry]}
 
 
 DIALECT = Dialect(
