@@ -108,4 +108,4 @@ bench: $(STAMP)
 	$(BIN)/tracerl bench engine
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(COMPAT_VENV) .npm-compat build *.egg-info

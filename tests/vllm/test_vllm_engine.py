@@ -178,6 +178,48 @@ async def test_the_collector_reads_vllms_metrics(vllm_pool: EnginePool) -> None:
     assert collector.generated_tokens >= 16
 
 
+async def test_a_forced_tool_call_through_the_responses_api_on_vllm(
+    vllm_pool: EnginePool, smol: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """`tool_choice` naming a function: the gateway writes the call's start into the prompt
+    and vLLM continues it (the constraint is in the prompt, so any engine honours it)."""
+    _, tokenizer = smol
+    store = SQLiteTraceStore(tmp_path / "traces.sqlite")
+    gateway = Gateway(vllm_pool, tokenizer, store, model_name="smollm2-135m",
+                      eos_ids={tokenizer.eos_token_id}, max_model_len=8192)  # fmt: skip
+    runner, port = await start_server(gateway.app(), "127.0.0.1", 0, cancel_on_disconnect=False)
+    url, admin = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {gateway.admin_key}"}
+    tool = {
+        "type": "function", "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/sessions", headers=admin) as resp:
+                session = await resp.json()
+            client = openai.AsyncOpenAI(
+                base_url=session["openai_base_url"], api_key=session["api_key"]
+            )
+            reply = await client.responses.create(
+                model="m", input="What is the weather in Paris?", tools=[tool],  # type: ignore[list-item]
+                tool_choice={"type": "function", "name": "get_weather"}, temperature=0.0,
+                max_output_tokens=48,
+            )  # fmt: skip
+            await client.close()
+            async with http.get(f"{url}/sessions/{session['session_id']}", headers=admin) as r:
+                trace = await r.json()
+    finally:
+        await runner.cleanup()
+        await store.close()
+    (turn,) = trace["turns"]
+    prompt = tokenizer.decode(turn["prompt_ids"])
+    assert prompt.endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
+    calls = [item for item in reply.output if item.type == "function_call"]
+    assert [c.name for c in calls] == ["get_weather"], tokenizer.decode(turn["completion_ids"])
+    (traj,) = trace["trajectories"]
+    assert sum(traj["loss_mask"]) == len(turn["completion_ids"])
+
+
 async def test_kill_9_of_the_server_mid_generation_is_survived(vllm_pool: EnginePool) -> None:
     chunks: list[Any] = []
 

@@ -1,9 +1,9 @@
 """Model output text → the API's shapes: content, tool calls and reasoning.
 
 Tool calls use the Hermes convention of `render.py`: `<tool_call>{"name", "arguments"}</tool_call>`.
-A block whose JSON is malformed, or lacks a string `name` and object `arguments`, stays in the
-text: parsing never fails. Reasoning (`<think>…</think>` at the start) is split off only for
-templates that use it.
+A block whose JSON is malformed (beyond up to two missing closing braces, which are added), or
+lacks a string `name` and object `arguments`, stays in the text: parsing never fails. Reasoning
+(`<think>…</think>` at the start) is split off only for templates that use it.
 """
 
 from __future__ import annotations
@@ -52,9 +52,16 @@ def parse_output(text: str, reasoning: bool = False) -> ParsedOutput:
 
 
 def _read_call(body: str) -> ParsedCall | None:
-    try:
-        value = json.loads(body)
-    except json.JSONDecodeError:
+    value = None
+    # a call whose JSON ends before its last closing braces (small models drop them, often
+    # after a forced `"arguments": ` prefix) is read with them added, up to two
+    for closing in ("", "}", "}}"):
+        try:
+            value = json.loads(body.rstrip() + closing)
+            break
+        except json.JSONDecodeError:
+            continue
+    if value is None:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None

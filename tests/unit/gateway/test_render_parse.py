@@ -61,6 +61,12 @@ def test_parse_tool_calls_and_keep_malformed_text() -> None:
     assert parse_output('<tool_call>{"arguments": {}}</tool_call>').tool_calls == []
     string_args = parse_output('<tool_call>{"name": "f", "arguments": "{\\"x\\": 2}"}</tool_call>')
     assert string_args.tool_calls[0].arguments == {"x": 2}
+    # a call that drops its last closing brace (SmolLM2 does after a forced prefix) is read
+    short = parse_output('<tool_call>\n{"name": "f", "arguments": {"x": {"y": 1}}\n</tool_call>')
+    assert [(c.name, c.arguments) for c in short.tool_calls] == [("f", {"x": {"y": 1}})]
+    assert (
+        parse_output('<tool_call>{"name": "f", "arguments": {"x": [1</tool_call>').tool_calls == []
+    )
 
 
 def test_reasoning_is_split_only_when_the_template_has_it() -> None:
