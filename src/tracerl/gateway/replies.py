@@ -72,7 +72,7 @@ async def access_log_middleware(request: web.Request, handler: Any) -> web.Strea
         )
 
 
-def json_response(payload: Any, status: int = 200) -> web.Response:
+def orjson_response(payload: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json")
 
 

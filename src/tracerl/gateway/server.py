@@ -54,8 +54,8 @@ from tracerl.gateway.replies import (
     classify,
     close_stream,
     error_response,
-    json_response,
     normalize_path,
+    orjson_response,
     read_json,
 )
 from tracerl.gateway.responses_api import DIALECT as RESPONSES
@@ -373,7 +373,7 @@ class Gateway:
         try:
             first = await anext(items)
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
-            return self._generationerror_response(dialect, e)
+            return self._generation_error(dialect, e)
         if parsed.stream:
             return await self._stream(request, turn, first, items)
         completion = first
@@ -381,7 +381,7 @@ class Gateway:
             async for item in items:
                 completion = item
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
-            return self._generationerror_response(dialect, e)
+            return self._generation_error(dialect, e)
         assert isinstance(completion, Completion)
         request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
         outcome = self._outcome(completion, turn)
@@ -392,7 +392,7 @@ class Gateway:
             failure = await self._record(turn, outcome, response, gone)
             if failure is not None:
                 return error_response(dialect, 500, failure)
-        return json_response(response)
+        return orjson_response(response)
 
     async def _stream(
         self,
@@ -506,7 +506,7 @@ class Gateway:
             outcome, turn.parsed, self.model_name, turn.rid, self.tokenizer
         )
 
-    def _generationerror_response(self, dialect: Dialect, error: Exception) -> web.Response:
+    def _generation_error(self, dialect: Dialect, error: Exception) -> web.Response:
         status, message = classify(error)
         self.counters["generation_failed"] += 1
         return error_response(dialect, status, message)
