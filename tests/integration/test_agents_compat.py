@@ -8,12 +8,15 @@ versions). Each run is bounded in time and must leave a recorded turn and a vali
   the task's check (a file created) gives reward 1; on `tiny-long` (65,536 positions) with a
   32k context their real 7-13k-token prompts are recorded as one trajectory; on a 2,048-token
   context the episode fails quickly, naming the context.
+- All seven against `tracerl serve --model tiny-long` (its own process, a 32k context): whatever
+  the random model's replies make of the run, each leaves recorded turns and a valid trajectory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +153,93 @@ async def test_a_prompt_past_the_context_is_a_clear_episode_failure(
     result = await play("claude-code", session, check="true", timeout_s=120)
     assert result.failed and "context is 2048 tokens" in (result.reason or ""), result.reason
     assert (await gw.trace(session["session_id"]))["turns"] == []
+
+
+@pytest.fixture(scope="module")
+def served_tiny_long(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """`tracerl serve --model tiny-long` with a 32k context, as a user starts it (its own
+    process); replies are kept short so the random model's turns end quickly."""
+    import subprocess
+    import time
+
+    tmp = tmp_path_factory.mktemp("serve")
+    admin = "compat-admin-key-" + "x" * 16
+    argv = [
+        sys.executable, "-m", "tracerl.cli.main", "serve", "--model", "tiny-long", "--port", "0",
+        "--store", str(tmp / "traces.sqlite"), "--admin-key", admin, "--quiet",
+        "--engine.max_model_len=32768", "--engine.kv_cache_tokens=40000",
+        "--engine.default_max_new_tokens=32",
+    ]  # fmt: skip
+    log = tmp / "serve.log"
+    proc = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=tmp)  # noqa: SIM115
+    deadline = time.monotonic() + 180
+    url = None
+    while url is None:
+        text = log.read_text(errors="replace")
+        if "ready in" in text:
+            url = text.split("tracerl gateway: ", 1)[1].split()[0]
+        elif proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"tracerl serve did not start:\n{text[-3000:]}")
+        else:
+            time.sleep(0.2)
+    yield url, {"Authorization": f"Bearer {admin}"}
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def served_session(served: Any) -> tuple[dict[str, Any], Any]:
+    import aiohttp
+
+    url, admin = served
+    async with aiohttp.ClientSession() as http, http.post(f"{url}/sessions", headers=admin) as r:
+        session = await r.json()
+
+    async def trace() -> dict[str, Any]:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{url}/sessions/{session['session_id']}", headers=admin) as r,
+        ):
+            return dict(await r.json())
+
+    return session, trace
+
+
+@pytest.mark.parametrize(
+    "agent",
+    ["openai_agents", "pydantic_ai", "langchain_openai", "litellm", "smolagents", "claude-code",
+     "codex"],
+)  # fmt: skip
+async def test_every_agent_against_tracerl_serve_leaves_a_valid_trajectory(
+    served_tiny_long: Any, agent: str
+) -> None:
+    """The random model's replies make some agents give up (a reply that is no tool call for
+    smolagents, a budget-cut one for the CLIs and openai-agents): what must hold is what the
+    gateway recorded."""
+    session, trace = await served_session(served_tiny_long)
+    if agent in CLIS:
+        env = {"env": {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "16"}, "max_turns": 1}
+        await play(agent, session, check="true", **(env if agent == "claude-code" else {}))
+    else:
+        env = {
+            **os.environ, "TRACERL_BASE_URL": session["openai_base_url"],
+            "TRACERL_API_KEY": session["api_key"], "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        }  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            str(VENV), str(Path(__file__).parent / "compat_clients.py"), agent, env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            async with asyncio.timeout(CLIENT_DEADLINE_S):
+                await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    recorded = await trace()
+    valid(recorded)
+    assert len(recorded["trajectories"]) >= 1
