@@ -20,8 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tracerl.cluster.ray_cluster import cause, import_ray, reservation
-from tracerl.config import ConfigError
+from tracerl.cluster.ray_cluster import cause, import_ray, started
 from tracerl.config.cluster import AgentWorkersConfig
 from tracerl.envs import EpisodeResult, Session, Task
 from tracerl.envs.episode import PlayerLost
@@ -85,21 +84,11 @@ class AgentWorkers:
     async def start(self) -> None:
         """Place the workers; `ConfigError` naming the role if they cannot be placed in
         `cluster.ready_timeout_s`, or if the environment fails to build there."""
-        ray = import_ray()
         self.workers = [_Worker(i, self._actor()) for i in range(self.role.workers)]
         refs = [w.actor.where.remote() for w in self.workers]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.ready_timeout_s)
-        if len(ready) < len(refs):
-            raise ConfigError(
-                f"cluster.agents: Ray could not place {self.role.workers} agent worker(s) of "
-                f"{reservation(self.role)} within {self.ready_timeout_s:.0f} s "
-                f"(cluster.ready_timeout_s); the cluster has {ray.available_resources()} free"
-            )
-        try:
-            for worker, ref in zip(self.workers, refs, strict=True):
-                worker.placement = await ref
-        except Exception as e:
-            raise ConfigError(f"cluster.agents: a worker failed to start: {cause(e)}") from None
+        placed = await started(refs, "agents", "agent worker", self.role, self.ready_timeout_s)
+        for worker, placement in zip(self.workers, placed, strict=True):
+            worker.placement = placement
         log.info("%d agent worker(s) started", len(self.workers))
 
     async def play(self, task: Task, session: Session, timeout_s: float) -> EpisodeResult:

@@ -28,7 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from tracerl.cluster.ray_cluster import cause, import_ray
+from tracerl.cluster.ray_cluster import cause, import_ray, reachable_host
 from tracerl.cluster.weights import Package, WeightsChannel
 from tracerl.config.cluster import RoleResources, is_loopback
 from tracerl.config.engine import EngineConfig
@@ -59,7 +59,6 @@ class EngineServer:
     ) -> str:
         """The server's URL once it has generated a token: on 127.0.0.1, or, with a key, the
         keyed proxy's on `bind` (this node's address when that is beyond loopback)."""
-        import ray
 
         from tracerl.cluster.keyed_proxy import KeyedProxy
         from tracerl.rollout.backends import client_for, process_launcher
@@ -78,8 +77,7 @@ class EngineServer:
             return url
         self.proxy = KeyedProxy(url, api_key)
         port = await self.proxy.start(bind)
-        host = bind if is_loopback(bind) else ray.util.get_node_ip_address()
-        return f"http://{host}:{port}"
+        return f"http://{reachable_host(bind)}:{port}"
 
     async def load_weights(self, source: Package | str, version: int) -> None:
         """Load `source` into the server: a weights package (written to this node first) or

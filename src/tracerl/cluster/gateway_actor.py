@@ -25,9 +25,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tracerl.cluster.ray_cluster import cause, import_ray, reservation
-from tracerl.config import ConfigError
-from tracerl.config.cluster import GatewaysConfig, is_loopback
+from tracerl.cluster.ray_cluster import import_ray, reachable_host, started
+from tracerl.config.cluster import GatewaysConfig
 from tracerl.config.engine import EngineConfig
 from tracerl.config.pool import PoolConfig
 
@@ -54,7 +53,6 @@ class GatewayServer:
     ) -> str:
         """The gateway's URL once it serves (this node's address when `bind` is beyond
         loopback)."""
-        import ray
         from transformers import AutoTokenizer
 
         from tracerl.engine.server import start_server
@@ -80,8 +78,7 @@ class GatewayServer:
             max_model_len=info.get("max_model_len"),
         )
         self.runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)
-        host = bind if is_loopback(bind) else ray.util.get_node_ip_address()
-        return f"http://{host}:{port}"
+        return f"http://{reachable_host(bind)}:{port}"
 
     def set_engines(self, urls: list[str]) -> list[str]:
         """Route to `urls` from now on; the engines routed to."""
@@ -145,18 +142,8 @@ class RayGateways:
         self._engines = list(engine_urls)
         args = (engine, pool, self._engines, store, admin_key, system_prompt, bind)
         starts = [actor.start.remote(*args) for actor in self.actors]
-        ready, _ = ray.wait(starts, num_returns=len(starts), timeout=self.ready_timeout_s)
-        if len(ready) < len(starts):
-            where = "on the driver's node (the SQLite store's)" if self.on_driver_node else ""
-            raise ConfigError(
-                f"cluster.gateways: Ray could not place {r.count} gateway(s) of "
-                f"{reservation(r)} {where} within {self.ready_timeout_s:.0f} s "
-                f"(cluster.ready_timeout_s); the cluster has {ray.available_resources()} free"
-            )
-        try:
-            self.urls = [await ref for ref in starts]
-        except Exception as e:
-            raise ConfigError(f"cluster.gateways: a gateway failed to start: {cause(e)}") from None
+        where = "on the driver's node (the SQLite store's)" if self.on_driver_node else ""
+        self.urls = await started(starts, "gateways", "gateway", r, self.ready_timeout_s, where)
         self.placement = [
             {**await actor.where.remote(), "url": url, "engines": list(self._engines)}
             for actor, url in zip(self.actors, self.urls, strict=True)

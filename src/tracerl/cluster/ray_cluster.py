@@ -16,7 +16,7 @@ import socket
 from typing import Any
 
 from tracerl.config import ConfigError
-from tracerl.config.cluster import ClusterConfig, RoleResources
+from tracerl.config.cluster import ClusterConfig, RoleResources, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,35 @@ def wait_placed(group: Any, role: str, timeout_s: float) -> None:
             f"{timeout_s:.0f} s (cluster.ready_timeout_s); the cluster has "
             f"{ray.available_resources()} free"
         )
+
+
+async def started(
+    refs: list[Any], role: str, what: str, resources: RoleResources, timeout_s: float,
+    where: str = "",
+) -> list[Any]:  # fmt: skip
+    """The results of actors' start-up calls `refs`; `ConfigError` naming `cluster.{role}` when
+    Ray cannot place them all within `timeout_s`, or one fails to start."""
+    ray = import_ray()
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if len(ready) < len(refs):
+        raise ConfigError(
+            f"cluster.{role}: Ray could not place {len(refs)} {what}(s) of "
+            f"{reservation(resources)}{f' {where}' if where else ''} within {timeout_s:.0f} s "
+            f"(cluster.ready_timeout_s); the cluster has {ray.available_resources()} free"
+        )
+    try:
+        return [await ref for ref in refs]
+    except Exception as e:
+        raise ConfigError(f"cluster.{role}: a {what} failed to start: {cause(e)}") from None
+
+
+def reachable_host(bind: str) -> str:
+    """The address others reach a server bound to `bind` on this node at: `bind` itself on
+    loopback, else the node's IP."""
+    if is_loopback(bind):
+        return bind
+    ray = import_ray()
+    return str(ray.util.get_node_ip_address())
 
 
 def cpu_threads(role: RoleResources) -> int:

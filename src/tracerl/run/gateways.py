@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tracerl.cluster.ray_cluster import reachable_host
 from tracerl.config import TrainCommandConfig
-from tracerl.config.cluster import is_loopback
 
 if TYPE_CHECKING:
     from tracerl.gateway.server import Gateway
@@ -68,16 +68,8 @@ async def start(
     bind = cluster.bind if cluster.backend == "ray" else "127.0.0.1"
     runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)
     closers.append(runner.cleanup)
-    return Gateways(store, [f"http://{_host(bind)}:{port}"], gateway.admin_key, local=gateway)
-
-
-def _host(bind: str) -> str:
-    """The address others reach a server bound to `bind` at."""
-    if is_loopback(bind):
-        return bind
-    import ray
-
-    return str(ray.util.get_node_ip_address())
+    url = f"http://{reachable_host(bind)}:{port}"
+    return Gateways(store, [url], gateway.admin_key, local=gateway)
 
 
 async def _actors(
