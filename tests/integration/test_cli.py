@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
@@ -71,6 +72,19 @@ def test_engine_command_serves_until_terminated(tmp_path) -> None:
         ).encode()
         with urllib.request.urlopen(url + "/generate", data=body, timeout=30) as resp:
             assert len(json.loads(resp.read())["output_ids"]) == 3
+        # a request held by a paused engine ends with "abort" when the server is terminated
+        # (the pool resumes it elsewhere) instead of holding the shutdown for a minute
+        urllib.request.urlopen(url + "/pause_generation", data=b"{}", timeout=10).close()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            held = pool.submit(_post, url + "/generate", body)
+            deadline = time.monotonic() + 60
+            waiting = re.compile(r"^vllm:num_requests_waiting(\{.*\})? 1\.0$", re.MULTILINE)
+            while not waiting.search(_post(url + "/metrics", None)):
+                assert time.monotonic() < deadline, "the request never reached the engine"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+            reply = json.loads(held.result())
+        assert reply["meta_info"]["finish_reason"] == {"type": "abort"}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -78,3 +92,9 @@ def test_engine_command_serves_until_terminated(tmp_path) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def _post(url: str, body: bytes | None) -> str:
+    """The reply to a POST of `body` (a GET when None)."""
+    with urllib.request.urlopen(url, data=body, timeout=30) as resp:
+        return resp.read().decode()

@@ -19,6 +19,7 @@ from tracerl.engine.protocol import collect
 from tracerl.engine.server import start_server
 from tracerl.engine.types import GenerateRequest
 from tracerl.gateway.server import engine_rid
+from tracerl.rollout.backends import free_port
 from tracerl.rollout.pool import EnginePool, Member, affinity_key
 
 
@@ -152,6 +153,35 @@ async def test_a_resume_that_fails_after_a_weight_sync_takes_the_engine_out(serv
     await pool.update_weights("/weights", 1)
     assert [m.active for m in pool.members] == [True, False]  # paused for good: out
     assert pool.counters["resume_failed"] == 1
+    await pool.close()
+
+
+async def test_an_engine_gone_while_paused_is_taken_out_not_raised(serve) -> None:
+    # the Ray engine-kill run: an engine died while the trainer held the engines paused, and
+    # the pool's resume raised its connection error into the loop, which ended the run
+    async def generate(request: web.Request) -> Any:
+        return await sse(request, [chunk([1], "stop")])
+
+    async def ok(request: web.Request) -> Any:
+        return web.json_response({})
+
+    clients = [
+        EngineClient(await serve(generate, pause_generation=ok, continue_generation=ok))
+        for _ in range(2)
+    ]
+    gone = EngineClient(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    pool = EnginePool([Member(f"e{i}", c) for i, c in enumerate(clients)], PoolConfig())
+    await pool.pause("in_place")
+    pool.members[1].engine = gone  # dies while paused
+    await pool.resume()
+    assert [m.active for m in pool.members] == [True, False]
+    assert pool.counters["resume_failed"] == 1
+    pool.members[0].engine = gone  # dies between steps: the next pause finds it gone
+    await pool.pause("in_place")
+    assert not pool.members[0].active and pool.counters["pause_failed"] == 1
+    await pool.resume()  # nothing active is left to resume: no error either
+    for client in clients:
+        await client.close()
     await pool.close()
 
 

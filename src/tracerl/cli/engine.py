@@ -56,6 +56,10 @@ async def _engine_main(config: EngineCommandConfig, sim: bool) -> int:
         await eventloop.wait_for_signal()
         return 0
     finally:
+        # requests in flight end now with what they sampled ("abort": a pool resumes them on
+        # another engine); a paused engine held their streams open until aiohttp's 60 s
+        # shutdown timeout, so a server whose supervisor died outlived it by a minute
+        await engine.abort(None, abort_all=True)
         await runner.cleanup()
         await engine.close()
 

@@ -18,7 +18,7 @@ or talks nonsense costs time, never a sample.
   A launcher with `load_weights(path, version)` (a Ray actor) delivers weights to its engine
   itself, for syncs and for a restarted engine alike.
 
-One module of ~520 lines: routing, health checks, fail-over with resume, restarts and weight
+One module of ~570 lines: routing, health checks, fail-over with resume, restarts and weight
 sync all read and change the same members' state on one event loop.
 """
 
@@ -451,7 +451,7 @@ class EnginePool:
         if mode == "wait":
             while any(m.inflight for m in self.members):
                 await asyncio.sleep(0.01)
-        else:
+        else:  # one that cannot pause cannot load either: the load below takes it out
             pause: PauseMode = "abort" if mode == "abort_resume" else "in_place"
             self._paused = True
             await asyncio.gather(*(m.engine.pause(pause) for m in active), return_exceptions=True)
@@ -464,17 +464,7 @@ class EnginePool:
                 self.counters["update_failed"] += 1
                 self._take_out(member, f"weight update to v{version} failed: {result}")
         if mode != "wait":
-            resumed = [m for m in active if m.active]
-            outcomes = await asyncio.gather(
-                *(m.engine.resume() for m in resumed), return_exceptions=True
-            )
-            self._paused = False
-            for member, outcome in zip(resumed, outcomes, strict=True):
-                if isinstance(outcome, Exception):  # paused for good: its requests would hang
-                    self.counters["resume_failed"] += 1
-                    self._take_out(
-                        member, f"resume after the v{version} update failed: {outcome!r}"
-                    )
+            await self._resume_active(f"resume after the v{version} update")
 
     async def _load(
         self,
@@ -520,14 +510,38 @@ class EnginePool:
         return sum(c for c in counts if isinstance(c, int))
 
     async def pause(self, mode: PauseMode = "in_place") -> None:
+        """Pause every active engine; one that cannot be reached (it died since its last
+        health check) is taken out and restarted instead of failing the caller's step."""
         self._paused = True
-        await asyncio.gather(*(m.engine.pause(mode) for m in self.members if m.active))
+        active = [m for m in self.members if m.active]
+        outcomes = await asyncio.gather(
+            *(m.engine.pause(mode) for m in active), return_exceptions=True
+        )
+        self._take_out_failed(active, outcomes, "pause_failed", "pause")
 
     async def resume(self) -> None:
+        """Resume every active engine, taking out (and restarting) one that fails to."""
+        await self._resume_active("resume")
+
+    async def _resume_active(self, what: str) -> None:
+        """`what`: the step, as the log and the taken-out reason name it."""
+        active = [m for m in self.members if m.active]
         try:
-            await asyncio.gather(*(m.engine.resume() for m in self.members if m.active))
+            outcomes = await asyncio.gather(
+                *(m.engine.resume() for m in active), return_exceptions=True
+            )
         finally:
             self._paused = False
+        # paused for good, or gone: its requests would hang; they fail over instead
+        self._take_out_failed(active, outcomes, "resume_failed", what)
+
+    def _take_out_failed(
+        self, members: list[Member], outcomes: list[Any], counter: str, what: str
+    ) -> None:
+        for member, outcome in zip(members, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                self.counters[counter] += 1
+                self._take_out(member, f"{what} failed: {outcome!r}")
 
     async def health(self) -> bool:
         return any(m.active for m in self.members)
