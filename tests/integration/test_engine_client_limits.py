@@ -133,6 +133,30 @@ async def test_tokens_in_an_abort_chunk_reach_the_caller_and_are_resumed(serve) 
     await pool.close()
 
 
+async def test_a_constrained_request_resumed_mid_value_continues_unconstrained(serve) -> None:
+    # no engine API starts a JSON schema's grammar part-way through its value: sent again with
+    # the partial output as prompt, the schema would constrain the rest as a new value
+    seen: list[dict[str, Any]] = []
+
+    async def aborting_then_finishing(request: web.Request) -> Any:
+        seen.append(await request.json())
+        if len(seen) == 1:
+            return await sse(request, [chunk([10, 11], "abort")])
+        return await sse(request, [chunk([12], "stop")])
+
+    pool = EnginePool([Member("e", EngineClient(await serve(aborting_then_finishing)))])
+    schema = '{"type": "object"}'
+    constrained = GenerateRequest(
+        rid="s-r", input_ids=[1], sampling_params={"max_new_tokens": 9, "json_schema": schema}
+    )
+    out = await pool.generate(constrained)
+    assert out.output_ids == [10, 11, 12]
+    assert seen[0]["sampling_params"]["json_schema"] == schema
+    assert seen[1]["input_ids"] == [1, 10, 11] and seen[1]["sampling_params"]["json_schema"] is None
+    assert pool.counters["resumed_unconstrained"] == 1
+    await pool.close()
+
+
 async def test_a_resume_that_fails_after_a_weight_sync_takes_the_engine_out(serve) -> None:
     async def generate(request: web.Request) -> Any:
         return await sse(request, [chunk([1], "stop")])

@@ -1,7 +1,9 @@
 """Forced tool calls (`tool_choice` "required" or a named function, on all three APIs): the
 gateway writes the call's start into the prompt, so the model continues a tool call; that
-prefix is context (loss mask 0), what the model sampled after it is the turn's completion, and
-the next turn, echoing the call back, extends the same trajectory."""
+prefix is context (loss mask 0), what the model sampled after it, under the JSON schema the
+gateway sends the engine, is the turn's completion, and the next turn, echoing the call back,
+extends the same trajectory. With the embedded engine and the random `tiny` model, the schema
+alone makes the calls valid."""
 
 from __future__ import annotations
 
@@ -108,7 +110,7 @@ async def test_required_lets_the_model_name_the_tool_and_bad_choices_are_400(
     fake, engine_client = fake_engine
     gw = await make_gateway(engine_client)
     session = await gw.open_session()
-    fake.say('get_time", "arguments": {}}\n</tool_call>', ARGS)
+    fake.say('{"name": "get_time", "arguments": {}}', ARGS)  # the value, then the end
     async with oai(session) as client:
         messages = [{"role": "user", "content": "what time is it?"}]
         two = await client.chat.completions.create(
@@ -137,5 +139,93 @@ async def test_required_lets_the_model_name_the_tool_and_bad_choices_are_400(
                 tools=[anthropic_tool(WEATHER_TOOL)], tool_choice={"type": "tool", "name": "x"},  # type: ignore[arg-type,list-item]
             )  # fmt: skip
     prompt = fake.tokenizer.decode(fake.requests[0]["input_ids"])
-    assert prompt.endswith('<tool_call>\n{"name": "')  # the model picks the name
+    assert prompt.endswith("<tool_call>\n")  # the model picks the name, constrained to the tools'
+    schema = json.loads(fake.requests[0]["sampling_params"]["json_schema"])
+    assert [c["properties"]["name"] for c in schema["anyOf"]] == [
+        {"const": "get_weather"},
+        {"const": "get_time"},
+    ]
+    assert schema["anyOf"][0]["properties"]["arguments"] == WEATHER_TOOL["function"]["parameters"]
+    # one tool: named, its arguments object under its parameters schema
+    named = json.loads(fake.requests[1]["sampling_params"]["json_schema"])
+    assert named == WEATHER_TOOL["function"]["parameters"]
+    assert fake.tokenizer.decode(fake.requests[1]["input_ids"]).endswith(
+        '<tool_call>\n{"name": "get_weather", "arguments": '
+    )
     assert len((await gw.trace(session["session_id"]))["turns"]) == 2
+
+
+CITY_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "book",
+        "description": "Book a trip",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Rome"]},
+                "nights": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "nights"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK_TOOL = {  # no arguments: `{}` is all its schema allows
+    "type": "function",
+    "function": {
+        "name": "clock",
+        "description": "The time",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["named", "required"])
+async def test_the_schema_makes_a_random_models_forced_calls_valid(
+    make_engine, make_gateway, choice: str
+) -> None:
+    # the embedded engine enforces the schema: the random `tiny` model, which left alone
+    # writes no JSON at all, calls a tool of the request with arguments its schema allows
+    gw = await make_gateway(make_engine())
+    session = await gw.open_session()
+    tool_choice: object = (
+        {"type": "function", "function": {"name": "book"}} if choice == "named" else "required"
+    )
+    async with oai(session) as client:
+        for seed in range(3):
+            reply = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": f"trip {seed}"}],
+                tools=[CITY_TOOL, CLOCK_TOOL], tool_choice=tool_choice,  # type: ignore[arg-type]
+                seed=seed, max_tokens=200,
+            )  # fmt: skip
+            assert reply.choices[0].finish_reason == "tool_calls", reply
+            (call,) = reply.choices[0].message.tool_calls or []
+            args = json.loads(call.function.arguments)  # type: ignore[union-attr]
+            if call.function.name == "book":  # type: ignore[union-attr]
+                assert args["city"] in ("Paris", "Rome") and 1 <= args["nights"] <= 7
+                assert set(args) == {"city", "nights"}
+            else:
+                assert choice == "required" and call.function.name == "clock"  # type: ignore[union-attr]
+                assert args == {}
+    trace = await gw.trace(session["session_id"])
+    for turn in trace["turns"]:  # the arguments (and the name, for any tool) were sampled
+        assert turn["completion_ids"] and turn["max_new_tokens"] == 200
+
+
+async def test_a_schema_the_engine_refuses_is_a_400_naming_the_tools(
+    make_engine, make_gateway
+) -> None:
+    gw = await make_gateway(make_engine())
+    session = await gw.open_session()
+    broken = {"type": "function", "function": {"name": "odd", "parameters": {"type": "nonsense"}}}
+    async with oai(session) as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}], tools=[broken],  # type: ignore[list-item]
+                tool_choice="required",
+            )  # fmt: skip
+    body = caught.value.body
+    assert isinstance(body, dict) and body["param"] == "tools"
+    assert "forced tool call" in body["message"] and "nonsense" in body["message"]
+    assert (await gw.trace(session["session_id"]))["turns"] == []  # nothing recorded

@@ -23,7 +23,7 @@ from tracerl.rollout.backends import client_for
 from tracerl.rollout.pool import EnginePool, Member
 
 SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids",
-                 "ignore_eos", "sampling_seed"}  # fmt: skip
+                 "ignore_eos", "sampling_seed", "json_schema"}  # fmt: skip
 
 
 @dataclass
@@ -192,6 +192,13 @@ async def test_generation_speaks_sglangs_sampling_keys(sglang) -> None:
     body = next(b for f in fakes for b in f.bodies)
     assert body["sampling_params"]["sampling_seed"] == 7 and "seed" not in body["sampling_params"]
     assert "top_k" not in body["sampling_params"]  # -1 is ours; SGLang's default is all tokens
+    assert "json_schema" not in body["sampling_params"]  # unconstrained: no key at all
+    schema = '{"type": "object"}'
+    constrained = request("s1-r2", 4).model_copy(deep=True)
+    constrained.sampling_params.json_schema = schema
+    await pool.generate(constrained)
+    body = next(b for f in fakes for b in f.bodies if b["rid"] == "s1-r2")
+    assert body["sampling_params"]["json_schema"] == schema  # SGLang's own field, as is
     info = await pool.model_info()
     assert info["max_model_len"] == 4096 and info["kv_cache_tokens"] == 50000
 

@@ -7,6 +7,7 @@ by the engine pool as `tracerl train` launches it; the kill -9 test runs last (i
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from pathlib import Path
@@ -178,21 +179,32 @@ async def test_the_collector_reads_vllms_metrics(vllm_pool: EnginePool) -> None:
     assert collector.generated_tokens >= 16
 
 
-async def test_a_forced_tool_call_through_the_responses_api_on_vllm(
+async def test_forced_tool_calls_through_the_responses_api_on_vllm(
     vllm_pool: EnginePool, smol: tuple[Any, Any], tmp_path: Path
 ) -> None:
-    """`tool_choice` naming a function: the gateway writes the call's start into the prompt
-    and vLLM continues it (the constraint is in the prompt, so any engine honours it)."""
+    """`tool_choice` naming a function, and "required" with two tools: the gateway writes the
+    call's start into the prompt and vLLM's structured outputs hold what SmolLM2 samples after
+    it (at temperature 1) to the tools' schemas."""
     _, tokenizer = smol
     store = SQLiteTraceStore(tmp_path / "traces.sqlite")
     gateway = Gateway(vllm_pool, tokenizer, store, model_name="smollm2-135m",
                       eos_ids={tokenizer.eos_token_id}, max_model_len=8192)  # fmt: skip
     runner, port = await start_server(gateway.app(), "127.0.0.1", 0, cancel_on_disconnect=False)
     url, admin = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {gateway.admin_key}"}
-    tool = {
+    weather = {
         "type": "function", "name": "get_weather", "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "parameters": {
+            "type": "object", "additionalProperties": False, "required": ["city", "days"],
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
+                           "days": {"type": "integer", "minimum": 1, "maximum": 5}},
+        },
     }  # fmt: skip
+    clock = {
+        "type": "function", "name": "clock", "description": "The time",
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+    }  # fmt: skip
+    choices: list[Any] = [{"type": "function", "name": "get_weather"}] * 3 + ["required"] * 3
+    replies = []
     try:
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{url}/sessions", headers=admin) as resp:
@@ -200,24 +212,37 @@ async def test_a_forced_tool_call_through_the_responses_api_on_vllm(
             client = openai.AsyncOpenAI(
                 base_url=session["openai_base_url"], api_key=session["api_key"]
             )
-            reply = await client.responses.create(
-                model="m", input="What is the weather in Paris?", tools=[tool],  # type: ignore[list-item]
-                tool_choice={"type": "function", "name": "get_weather"}, temperature=0.0,
-                max_output_tokens=48,
-            )  # fmt: skip
+            for choice in choices:
+                replies.append(
+                    await client.responses.create(
+                        model="m", input="What is the weather in Paris?", tools=[weather, clock],  # type: ignore[list-item]
+                        tool_choice=choice, temperature=1.0, max_output_tokens=48,
+                    )
+                )  # fmt: skip
             await client.close()
             async with http.get(f"{url}/sessions/{session['session_id']}", headers=admin) as r:
                 trace = await r.json()
     finally:
         await runner.cleanup()
         await store.close()
-    (turn,) = trace["turns"]
-    prompt = tokenizer.decode(turn["prompt_ids"])
-    assert prompt.endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
-    calls = [item for item in reply.output if item.type == "function_call"]
-    assert [c.name for c in calls] == ["get_weather"], tokenizer.decode(turn["completion_ids"])
-    (traj,) = trace["trajectories"]
-    assert sum(traj["loss_mask"]) == len(turn["completion_ids"])
+    turns = trace["turns"]
+    assert tokenizer.decode(turns[0]["prompt_ids"]).endswith(
+        '<tool_call>\n{"name": "get_weather", "arguments": '
+    )
+    assert tokenizer.decode(turns[3]["prompt_ids"]).endswith("<tool_call>\n")
+    for choice, reply, turn in zip(choices, replies, turns, strict=True):
+        sampled = tokenizer.decode(turn["completion_ids"])
+        calls = [item for item in reply.output if item.type == "function_call"]
+        assert len(calls) == 1, sampled
+        call = calls[0]
+        args = json.loads(call.arguments)
+        if call.name == "get_weather":
+            assert args["city"] in ("Paris", "Rome") and 1 <= args["days"] <= 5, sampled
+        else:
+            assert choice == "required" and call.name == "clock" and args == {}, sampled
+    for traj in trace["trajectories"]:  # each turn's own trajectory: its samples, loss 1
+        turn = turns[traj["turn_indices"][0]]
+        assert sum(traj["loss_mask"]) == len(turn["completion_ids"])
 
 
 async def test_kill_9_of_the_server_mid_generation_is_survived(vllm_pool: EnginePool) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tracerl.config import EngineConfig
+from tracerl.engine.constraint import ConstraintCompiler, JsonConstraint
 from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
 from tracerl.engine.forward import ModelRunner
 from tracerl.engine.metrics import render_metrics
@@ -83,6 +84,7 @@ class LocalEngine:
         self.runner = ModelRunner(model, config.max_running_requests, self.max_model_len)
         self.embedding_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_ids = _eos_ids(model, tokenizer)
+        self._constraints = ConstraintCompiler(tokenizer, self.eos_ids)
         self.weight_version = 0
         self._seed_stream = torch.Generator().manual_seed(config.seed)
         # Shared with the asyncio side, guarded by `_cond`.
@@ -128,7 +130,12 @@ class LocalEngine:
 
     # ---------------------------------------------------------------- requests
 
-    def _prepare(self, request: GenerateRequest, emit: Callable[[Any], None]) -> Sequence:
+    def _prepare(
+        self,
+        request: GenerateRequest,
+        emit: Callable[[Any], None],
+        constraint: JsonConstraint | None = None,
+    ) -> Sequence:
         ids = request.input_ids
         bad = next((i for i in ids if not 0 <= i < self.embedding_size), None)
         if bad is not None:
@@ -163,6 +170,7 @@ class LocalEngine:
             sampling=RowSampling(sp.temperature, sp.top_p, sp.top_k),
             generator=generator,
             emit=emit,
+            constraint=constraint,
         )
 
     def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
@@ -180,7 +188,10 @@ class LocalEngine:
         def emit(event: Any) -> None:  # on the scheduler thread; delivered after the step
             self._outbox.append((queue, event))
 
-        seq = self._prepare(request, emit)
+        schema = request.sampling_params.json_schema
+        # off the event loop: the first schema builds the grammar's view of the vocabulary
+        constraint = await asyncio.to_thread(self._constraints.compile, schema) if schema else None
+        seq = self._prepare(request, emit, constraint)
         self._in_flight.add(seq.rid)
         detok = IncrementalDetokenizer(self.tokenizer)
         finished = False

@@ -42,9 +42,14 @@ def truncate(logprobs: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor) -
 
 
 def sample(
-    logits: torch.Tensor, rows: list[RowSampling], generators: list[torch.Generator]
+    logits: torch.Tensor,
+    rows: list[RowSampling],
+    generators: list[torch.Generator],
+    allowed: list[torch.Tensor | None] | None = None,
 ) -> tuple[list[int], list[float]]:
-    """Sample one token per row of `logits` `[n, V]` (float32); return tokens and logprobs."""
+    """Sample one token per row of `logits` `[n, V]` (float32); return tokens and logprobs.
+    `allowed`: per row, None or a `[V]` bool mask of the tokens a constraint permits (the
+    reported log-prob stays the unmasked one, like truncation's; see `constraint.py`)."""
     n = logits.shape[0]
     device = logits.device
     temps = torch.tensor([r.temperature for r in rows], device=device)
@@ -56,6 +61,8 @@ def sample(
         top_p = torch.tensor([r.top_p for r in rows], device=device)
         top_k = torch.tensor([r.top_k for r in rows], device=device)
         candidates = truncate(logprobs, top_p, top_k)
+    if allowed is not None and any(a is not None for a in allowed):
+        candidates = _constrain(logprobs, candidates, allowed)
     if bool(greedy.all()):
         tokens = candidates.argmax(dim=-1)
     else:
@@ -70,3 +77,20 @@ def sample(
     picked = logprobs.gather(-1, tokens[:, None])[:, 0]
     assert picked.shape[0] == n
     return tokens.tolist(), picked.tolist()
+
+
+def _constrain(
+    logprobs: torch.Tensor, candidates: torch.Tensor, allowed: list[torch.Tensor | None]
+) -> torch.Tensor:
+    """`candidates` with what each row's constraint forbids at -inf. A row whose truncation
+    removed every allowed token draws from the allowed ones untruncated: the constraint wins."""
+    candidates = candidates.clone()
+    for row, mask in enumerate(allowed):
+        if mask is None:
+            continue
+        mask = mask.to(candidates.device)
+        kept = candidates[row].masked_fill(~mask, float("-inf"))
+        if bool(torch.isinf(kept).all()):
+            kept = logprobs[row].masked_fill(~mask, float("-inf"))
+        candidates[row] = kept
+    return candidates

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from tracerl.engine.admission import admissible, preemption_victims
+from tracerl.engine.constraint import JsonConstraint
 from tracerl.engine.forward import ModelRunner
 from tracerl.engine.protocol import PAUSE_MODES, PauseMode
 from tracerl.engine.sampling import RowSampling, sample
@@ -45,6 +46,8 @@ class Sequence:
     generator: torch.Generator
     emit: Callable[[Any], None]
     """Receives each `GenerateOutput` chunk, or the exception that ended the sequence."""
+    constraint: JsonConstraint | None = None
+    """What its output must match (`sampling_params.json_schema`); kept across preemption."""
     admit_order: int = -1
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -143,12 +146,20 @@ class Scheduler:
             self.counters.preemptions += 1
 
     def _accept(self, batch: list[Sequence], logits: torch.Tensor) -> None:
-        tokens, logprobs = sample(logits, [s.sampling for s in batch], [s.generator for s in batch])
+        vocab = logits.shape[-1]
+        allowed = [s.constraint.allowed(vocab) if s.constraint else None for s in batch]
+        tokens, logprobs = sample(
+            logits, [s.sampling for s in batch], [s.generator for s in batch], allowed
+        )
         for seq, token, logprob in zip(batch, tokens, logprobs, strict=True):
             seq.output.append(token)
             seq.logprobs.append(logprob)
+            if seq.constraint is not None:
+                seq.constraint.advance(token)
             if token in seq.stop_ids:
                 seq.finish, seq.matched = "stop", token
+            elif seq.constraint is not None and seq.constraint.complete:
+                seq.finish = "stop"  # the value and its end are sampled (`ignore_eos` set)
             elif len(seq.output) >= seq.max_new or len(seq.tokens) >= self.max_model_len:
                 seq.finish = "length"
         self.counters.generated_tokens += len(batch)

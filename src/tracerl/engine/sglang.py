@@ -37,6 +37,8 @@ class SGLangClient(EngineClient):
             params.pop("max_new_tokens", None)  # SGLang's default budget, capped by the context
         if params.get("top_k", -1) <= 0:
             params.pop("top_k", None)  # SGLang's "all tokens" is its default, not -1
+        if params.get("json_schema") is None:
+            params.pop("json_schema", None)  # unconstrained; a schema is SGLang's own field
         return body
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:

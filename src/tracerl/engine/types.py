@@ -7,6 +7,7 @@ in the engine, which raises `RequestError` with the same kind of message.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -53,6 +54,23 @@ class SamplingParams(BaseModel):
     """Do not stop on the model's end-of-sequence tokens (only on `stop_token_ids` and length)."""
     seed: int | None = None
     """Same seed and inputs give the same tokens."""
+    json_schema: str | None = None
+    """A JSON schema (as a JSON string, SGLang's field) the output must match: tokens that
+    would leave it are masked, and the generation ends when the value is complete (the
+    simulated engine ignores it)."""
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_is_a_json_object(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            value = json.loads(v)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError("expected a JSON schema object")
+        return v
 
 
 class GenerateRequest(BaseModel):

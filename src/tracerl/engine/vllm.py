@@ -96,6 +96,11 @@ class VLLMClient(EngineClient):
         }
         if p.seed is not None and self.seeds:
             params["seed"] = p.seed
+        if p.json_schema is not None:  # vLLM's structured outputs; compact, as ours
+            params["structured_outputs"] = {
+                "json": orjson.loads(p.json_schema),
+                "disable_any_whitespace": True,
+            }
         return {
             "request_id": request.rid,
             "token_ids": request.input_ids,

@@ -52,6 +52,8 @@ class SamplingSpec:
     top_k: int = -1
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    json_schema: str | None = None
+    """A forced tool call's schema (the gateway's, never the caller's: see render.forced_call)."""
 
 
 @dataclass
@@ -97,6 +99,7 @@ async def generate(
             top_p=spec.top_p,
             top_k=spec.top_k,
             seed=spec.seed,
+            json_schema=spec.json_schema,
         ),
     )
     ids: list[int] = []

@@ -1,9 +1,10 @@
 """Model output text → the API's shapes: content, tool calls and reasoning.
 
-Tool calls use the Hermes convention of `render.py`: `<tool_call>{"name", "arguments"}</tool_call>`.
-A block whose JSON is malformed (beyond up to two missing closing braces, which are added), or
-lacks a string `name` and object `arguments`, stays in the text: parsing never fails. Reasoning
-(`<think>…</think>` at the start) is split off only for templates that use it.
+Tool calls use the Hermes convention of `render.py`: `<tool_call>{"name", "arguments"}</tool_call>`
+(a last block without its closing tag is read too). A block whose JSON is malformed (beyond up
+to two missing closing braces, which are added), or lacks a string `name` and object
+`arguments`, stays in the text: parsing never fails. Reasoning (`<think>…</think>` at the
+start) is split off only for templates that use it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,16 @@ def parse_output(text: str, reasoning: bool = False) -> ParsedOutput:
         kept.append(text[last : match.start()])
         calls.append(call)
         last = match.end()
-    kept.append(text[last:])
+    rest = text[last:]
+    # a last call whose closing tag never came: a forced call ends with its value (the grammar
+    # allows nothing after it), and models stop there too
+    start = rest.find(CALL_OPEN)
+    if start >= 0 and CALL_CLOSE not in rest[start:]:
+        call = _read_call(rest[start + len(CALL_OPEN) :])
+        if call is not None:
+            calls.append(call)
+            rest = rest[:start]
+    kept.append(rest)
     return ParsedOutput(content="".join(kept).rstrip(), tool_calls=calls, reasoning=thought)
 
 

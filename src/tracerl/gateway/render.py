@@ -10,11 +10,13 @@ wrapped in `<tool_response>…</tool_response>`. `parse.py` reads model output t
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from tracerl.engine.detokenize import safe_decode
+from tracerl.gateway.parse import CALL_OPEN
 
 TOOL_SYSTEM_PROMPT = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -70,13 +72,50 @@ class ChatRenderer:
         return safe_decode(self.tokenizer, ids, skip_special_tokens=skip_special_tokens)
 
 
-def forced_call_prefix(name: str | None) -> str:
-    """The start of a reply that must be a tool call, written into the prompt so the model
-    continues it: `<tool_call>` and the JSON up to the arguments for a named tool, up to the
-    name's opening quote for any tool (`name` None)."""
-    if name is None:
-        return '<tool_call>\n{"name": "'
-    return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '
+@dataclass(frozen=True)
+class ForcedCall:
+    """A reply that must be a tool call: `prefix` is written into the prompt (context, never
+    sampled) and the model continues it under `schema`, a JSON schema for the rest of the call
+    that engines enforce (`sampling_params.json_schema`)."""
+
+    prefix: str
+    schema: dict[str, Any]
+
+
+def forced_call(name: str | None, tools: list[dict[str, Any]]) -> ForcedCall:
+    """The forced call for the tool `name`, or for any of `tools` (`name` None).
+
+    A named tool's call is written up to its arguments (`<tool_call>` and `{"name": "X",
+    "arguments": `), and the model samples the arguments object under the tool's parameters
+    schema; the call's closing brace, which the schema cannot ask for, is read by `parse.py`.
+    For any tool the prompt ends at `<tool_call>` and the model samples the whole call object,
+    the name among the tools' and the arguments under that tool's schema.
+    """
+    if name is not None:
+        tool = next(t for t in tools if t["function"]["name"] == name)
+        return ForcedCall(
+            f'{CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": ', _arguments_schema(tool)
+        )
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": t["function"]["name"]},
+                "arguments": _arguments_schema(t),
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    return ForcedCall(f"{CALL_OPEN}\n", calls[0] if len(calls) == 1 else {"anyOf": calls})
+
+
+def _arguments_schema(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameters schema, an object unless it says otherwise (calls carry objects)."""
+    schema = dict(tool["function"].get("parameters") or {})
+    schema.setdefault("type", "object")
+    return schema
 
 
 def hermes_call(name: str, arguments: dict[str, Any]) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import re
 import secrets
@@ -46,7 +47,7 @@ from tracerl.gateway.generation import (
 from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
 from tracerl.gateway.openai_api import DIALECT as OPENAI
 from tracerl.gateway.parse import parse_output, streamable_prefix
-from tracerl.gateway.render import ChatRenderer, forced_call_prefix
+from tracerl.gateway.render import ChatRenderer, ForcedCall, forced_call
 from tracerl.gateway.replies import (
     SESSION_PATH,
     TOKENS_KEY,
@@ -348,8 +349,10 @@ class Gateway:
                 at = parsed.extra["history_at"]
                 parsed.messages[at:at] = await chain(self.store, state, previous)
             plan = plan_prompt(self.renderer, parsed.messages, parsed.tools, state)
-            forced = forced_prefix(parsed)
-            plan = plan.then(forced)
+            forced = forced_call_of(parsed)
+            if forced is not None:
+                plan = plan.then(forced.prefix)
+                parsed.spec.json_schema = json.dumps(forced.schema)
         except BadRequest as e:
             return error_response(dialect, 400, str(e), e.param)
         except PreviousNotFound as e:
@@ -359,7 +362,10 @@ class Gateway:
             self._fit_budget(parsed, len(prompt.ids))
         except BadRequest as e:
             return error_response(dialect, 400, str(e), e.param)
-        turn = _PendingTurn(dialect, state, body, parsed, prompt, dialect.new_response_id(), forced)
+        turn = _PendingTurn(
+            dialect, state, body, parsed, prompt, dialect.new_response_id(),
+            forced.prefix if forced else "",
+        )  # fmt: skip
         self.counters[f"generation.{dialect.endpoint}.{'traced' if state else 'untraced'}"] += 1
         items = generate(
             self.engine,
@@ -373,6 +379,10 @@ class Gateway:
         try:
             first = await anext(items)
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
+            if forced is not None and isinstance(e, UpstreamError) and "json_schema" in e.message:
+                return error_response(  # in the caller's terms, not the engine's field
+                    dialect, 400, f"the forced tool call's schema was refused: {e.message}", "tools"
+                )
             return self._generation_error(dialect, e)
         if parsed.stream:
             return await self._stream(request, turn, first, items)
@@ -565,11 +575,12 @@ class Gateway:
         self.counters["turns_recorded"] += 1
 
 
-def forced_prefix(parsed: ApiRequest) -> str:
-    """The prompt's forced start of the reply for a `tool_choice` that requires a call."""
+def forced_call_of(parsed: ApiRequest) -> ForcedCall | None:
+    """The forced call a `tool_choice` that requires one asks for, None otherwise."""
     if parsed.forced_tool is None:
-        return ""
-    return forced_call_prefix(None if parsed.forced_tool == ANY_TOOL else parsed.forced_tool)
+        return None
+    name = None if parsed.forced_tool == ANY_TOOL else parsed.forced_tool
+    return forced_call(name, parsed.tools)
 
 
 def engine_rid(sid: str | None, response_id: str) -> str:

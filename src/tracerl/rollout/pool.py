@@ -322,13 +322,19 @@ class EnginePool:
                 continue
             return
 
-    @staticmethod
     def _resumed(
-        request: GenerateRequest, progress: _Progress, attempt: int, remaining: int | None
+        self, request: GenerateRequest, progress: _Progress, attempt: int, remaining: int | None
     ) -> GenerateRequest:
         if attempt == 1 and not progress.ids:
             return request
-        params = request.sampling_params.model_copy(update={"max_new_tokens": remaining})
+        update: dict[str, Any] = {"max_new_tokens": remaining}
+        if progress.ids and request.sampling_params.json_schema is not None:
+            # no engine API starts a grammar part-way through its value: the rest is sampled
+            # unconstrained (the model sees the partial value it continues)
+            update["json_schema"] = None
+            self.counters["resumed_unconstrained"] += 1
+            log.warning("request %s resumed without its JSON schema", request.rid)
+        params = request.sampling_params.model_copy(update=update)
         return request.model_copy(
             update={
                 "rid": f"{request.rid}-a{attempt}",

@@ -67,6 +67,17 @@ def test_parse_tool_calls_and_keep_malformed_text() -> None:
     assert (
         parse_output('<tool_call>{"name": "f", "arguments": {"x": [1</tool_call>').tool_calls == []
     )
+    # a last call without its closing tag (a forced call ends with its schema's value) is read;
+    # one that is cut short stays text, and so does an unclosed call before a closed one
+    unclosed = parse_output('Ok <tool_call>\n{"name": "f", "arguments": {"x": 1}')
+    assert [(c.name, c.arguments) for c in unclosed.tool_calls] == [("f", {"x": 1})]
+    assert unclosed.content == "Ok"
+    cut = '<tool_call>\n{"name": "f", "argu'
+    assert parse_output(cut).tool_calls == [] and parse_output(cut).content == cut
+    both = parse_output(
+        '<tool_call>{"name": "g"\n<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    )
+    assert [c.name for c in both.tool_calls] == []
 
 
 def test_reasoning_is_split_only_when_the_template_has_it() -> None:
