@@ -97,3 +97,43 @@ async def test_an_episode_whose_player_was_lost_is_played_again_in_a_new_session
         assert trace is not None and len(trace.turns) == 1
     finally:
         await runner.close()
+
+
+class RefusedAgent:
+    """An agent whose first request the gateway refuses, which then exits with the error, as
+    a CLI does; scored all the same (`agent_errors = "score"`)."""
+
+    name = "refused"
+    task_fields = ("prompt",)
+    reward_fn = None
+
+    async def run(self, task: Task, session: Session) -> EnvResult:
+        client = openai.AsyncOpenAI(
+            base_url=session.openai_base_url, api_key=session.api_key, max_retries=0
+        )
+        async with client:
+            try:
+                await client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": task["prompt"]}],
+                    max_tokens=10**6,
+                )  # fmt: skip
+            except openai.BadRequestError as e:
+                return EnvResult(0.0, {"agent_error": 1.0}, f"agent exited: {e.message}")
+        return EnvResult(1.0)
+
+
+async def test_a_scored_episode_that_recorded_nothing_fails_with_the_agents_error(
+    make_gateway, fake_engine
+) -> None:
+    handle = await make_gateway(fake_engine[1], max_model_len=512, max_tokens_policy="reject")
+    runner = EpisodeRunner(
+        RefusedAgent(), [handle.url], handle.gateway.admin_key, handle.store, timeout_s=30
+    )
+    try:
+        rollout = await runner.run({"prompt": "hi"}, 0, "train", {})
+    finally:
+        await runner.close()
+    assert not rollout.ok and rollout.result.failed
+    reason = rollout.result.reason or ""
+    assert reason.startswith("the episode recorded no sampled tokens: agent exited:")
+    assert "max_tokens" in reason  # the gateway's refusal, in the caller's terms

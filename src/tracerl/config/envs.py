@@ -97,6 +97,12 @@ class CliAgentEnvConfig(Config):
     "module:function" taking (task, trace)."""
     keep_workdir: bool = False
     """Keep each episode's working directory (printed in the failure reason) for debugging."""
+    agent_errors: Literal["score", "fail"] = "score"
+    """A CLI that exits non-zero: "score" scores its run like any other (its check or
+    reward_fn), since a CLI stops on the model's own replies (one cut by its token budget, a
+    call it cannot run), and those are the episodes to learn not to repeat; the error is kept
+    (metric `agent_error`) and an episode that recorded no reply fails with it (a prompt past
+    the context). "fail" fails every such episode (never trained)."""
 
 
 class ClaudeCodeEnvConfig(CliAgentEnvConfig):

@@ -57,6 +57,9 @@ class EnvResult:
 
     reward: float | None
     metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    """The agent ended with this error, and its run was scored all the same (a CLI that
+    stopped on the model's own reply); an episode that recorded nothing fails with it."""
 
 
 class TraceReward(Protocol):

@@ -18,9 +18,12 @@ its prompt, pointed at the session:
 
 The reward is the task's (or the config's) `check`, a shell command run in the working
 directory after the CLI exits (exit 0: reward 1, else 0), or else `reward_fn` over the trace. A
-CLI that exits non-zero fails the episode with the end of its output, where the gateway's error
-is (a prompt past the model's context says so: "the prompt is N tokens; the model's context
-is M tokens"); one that runs past `timeout_s` is killed with its process group.
+CLI that exits non-zero is scored all the same (`agent_errors = "score"`: it stopped on the
+model's replies, which is what training should see) with the end of its output kept as the
+episode's error; an episode that recorded no reply then fails with it, where the gateway's
+error is (a prompt past the model's context says so: "the prompt is N tokens; the model's
+context is M tokens"). `agent_errors = "fail"` fails every such episode. A CLI that runs past
+`timeout_s` is killed with its process group and fails the episode.
 """
 
 from __future__ import annotations
@@ -70,19 +73,23 @@ class CliAgentEnvironment(ABC):
             stdout, stderr, code = await run_agent(
                 argv, env, str(work), self.config.timeout_s, None
             )
+            error = None
             if code != 0:
                 output = (stdout + b"\n" + stderr).decode(errors="replace").strip()
                 where = f" (kept: {work})" if self.config.keep_workdir else ""
-                raise AgentError(
+                error = (
                     f"{self.name} exited with status {code}{where}: "
                     f"...{output[-OUTPUT_TAIL_CHARS:]}"
                 )
+                if self.config.agent_errors == "fail":
+                    raise AgentError(error)
+            metrics = {"agent_error": float(error is not None)}
             check = task.get("check") or self.config.check
             if check:
-                return EnvResult(await self._check(str(check), work, env))
+                return EnvResult(await self._check(str(check), work, env), metrics, error)
             if self.reward_fn is None:
                 raise AgentError(f"{self.name}: no check and no reward_fn to score the episode")
-            return EnvResult(None)
+            return EnvResult(None, metrics, error)
         finally:
             if not self.config.keep_workdir:
                 shutil.rmtree(work, ignore_errors=True)

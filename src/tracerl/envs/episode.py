@@ -36,6 +36,8 @@ class EpisodeResult:
     failed: bool = False
     reason: str | None = None
     duration_s: float = 0.0
+    error: str | None = None
+    """The agent's error on a run that was scored anyway (`EnvResult.error`)."""
 
     @property
     def needs_trace_reward(self) -> bool:
@@ -76,7 +78,9 @@ async def run_episode(
         reason = f"environment {env.name} returned a non-finite reward {result.reward!r}"
         log.warning("episode %s failed: %s", session.session_id, reason)
         return _failed(reason, started, result.metrics)
-    return EpisodeResult(result.reward, dict(result.metrics), duration_s=duration)
+    return EpisodeResult(
+        result.reward, dict(result.metrics), duration_s=duration, error=result.error
+    )
 
 
 def score_trace(

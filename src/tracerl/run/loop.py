@@ -61,7 +61,7 @@ from tracerl.envs import EpisodeResult, load_dataset, make_environment
 from tracerl.run import engines, gateways, trainers
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
-from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout
+from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout, env_metrics
 from tracerl.trace.versions import oldest_trainable, staleness
 
 if TYPE_CHECKING:  # torch and the servers load in _start, after the config is checked
@@ -446,6 +446,7 @@ class RLLoop:
                 "time/wait_rollouts_s": wait_s,
                 "time/train_s": train_s,
                 "time/weight_sync_s": sync_s,
+                **env_metrics(rollouts),
             }
         )
         return record

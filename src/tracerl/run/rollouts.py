@@ -22,6 +22,7 @@ reported to `on_drop` with its reason, so the loop can say why it never reached 
 from __future__ import annotations
 
 import logging
+import statistics
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,17 @@ def trace_samples(trace: SessionTrace, reward: float, group: int) -> tuple[list[
             )
         )
     return samples, oldest or 0
+
+
+def env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """`env/NAME`: the mean over `rollouts` of each metric their environment reported (the
+    calculator's tool calls, a CLI agent's `agent_error` rate, an agent's own), over the
+    episodes that reported it."""
+    values: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        for name, value in rollout.result.metrics.items():
+            values.setdefault(name, []).append(value)
+    return {f"env/{name}": statistics.fmean(v) for name, v in sorted(values.items())}
 
 
 Player = Callable[[Task, Session, float], Awaitable[EpisodeResult]]
@@ -179,12 +191,13 @@ class EpisodeRunner:
         )
         if not result.failed and result.reward is not None:
             rollout.samples, rollout.version = trace_samples(trace, result.reward, group)
-            if not rollout.samples:
+            if not rollout.samples:  # an agent that failed before any reply says why
+                reason = "the episode recorded no sampled tokens"
                 rollout.result = EpisodeResult(
                     None,
                     result.metrics,
                     failed=True,
-                    reason="the episode recorded no sampled tokens",
+                    reason=f"{reason}: {result.error}" if result.error else reason,
                     duration_s=result.duration_s,
                 )
         return rollout

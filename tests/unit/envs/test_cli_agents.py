@@ -1,6 +1,6 @@
 """The coding-agent CLI environments with a stand-in CLI (a shell script that records how it
 was started): each episode's own directory and home, the session in the CLI's terms, the task's
-files, the check as reward, and a failing CLI's output in the reason."""
+files, the check as reward, and a failing CLI's output kept as its error (or its reason)."""
 
 from __future__ import annotations
 
@@ -80,10 +80,21 @@ async def test_a_failed_check_is_reward_zero_and_a_failing_cli_says_why(
     config = {"name": "claude-code", "executable": str(cli), "env": {"OUT": str(out)}}
     env = make_environment({**config, "check": "test -f nothing-here"})
     assert (await run_episode(env, {"prompt": "x"}, SESSION, 30)).reward == 0.0
-    failing = make_environment({**config, "check": "true", "env": {"OUT": str(out), "FAIL": "1"}})
+    # a CLI that exits non-zero is scored all the same, its error kept (the loop fails an
+    # episode that recorded nothing with it); with agent_errors = "fail" it fails the episode
+    erring = {**config, "check": "test -f made.txt", "env": {"OUT": str(out), "FAIL": "1"}}
+    result = await run_episode(make_environment(erring), {"prompt": "x"}, SESSION, 30)
+    assert result.reward == 1.0 and not result.failed and result.metrics == {"agent_error": 1.0}
+    assert "exited with status 3" in (result.error or "")
+    assert "the prompt is 9000 tokens" in (result.error or "")
+    failing = make_environment({**erring, "agent_errors": "fail"})
     result = await run_episode(failing, {"prompt": "x"}, SESSION, 30)
     assert result.failed and "exited with status 3" in (result.reason or "")
     assert "the prompt is 9000 tokens" in (result.reason or "")
+    clean = await run_episode(
+        make_environment({**erring, "env": {"OUT": str(out)}}), {"prompt": "x"}, SESSION, 30
+    )
+    assert clean.metrics == {"agent_error": 0.0} and clean.error is None
     escaping = await run_episode(env, {"prompt": "x", "files": {"../up": "x"}}, SESSION, 30)
     assert escaping.failed and "outside the working directory" in (escaping.reason or "")
     no_reward = make_environment(config)
