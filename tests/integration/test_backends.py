@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -73,6 +74,34 @@ async def test_an_engine_that_never_gets_ready_times_out_naming_its_log(tmp_path
         with pytest.raises(EngineStartError, match="did not become ready within 2 s"):
             await each.start()
         assert not each.alive()
+
+
+async def test_an_engine_that_dies_under_its_readiness_probe_is_named_not_waited_out(
+    tmp_path: Path,
+) -> None:
+    # vLLM on CPU with an attention shape it cannot run: the engine core dies on the probe's
+    # token while the API server holds the probe open; the probe gave up only with the whole
+    # start-up timeout (900 s), and the run sat silent that long
+    log = tmp_path / "engine-0.log"
+    script = (
+        "import time; print('ready on http://127.0.0.1:1', flush=True); time.sleep(1); "
+        "print('Unsupported CPU attention', flush=True); raise SystemExit(3)"
+    )
+    argv = [sys.executable, "-c", script]
+    held: list[str] = []
+
+    async def hangs(url: str) -> bool:  # a request the dying server never answers
+        held.append(url)
+        await asyncio.Event().wait()
+        return True
+
+    launcher = ProcessLauncher(
+        argv, ready_timeout_s=300, log_path=log, ready=hangs, probe_timeout_s=0.5
+    )
+    with pytest.raises(EngineStartError) as e:
+        await launcher.start()
+    assert "exited (code 3) before it was ready" in str(e.value)
+    assert "Unsupported CPU attention" in str(e.value) and held
 
 
 def test_a_missing_backend_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

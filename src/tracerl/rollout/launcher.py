@@ -35,6 +35,11 @@ PR_SET_PDEATHSIG = 1  # prctl(2) option: a signal for the child when its parent 
 STOP_GRACE_S = 20.0
 """How long a stopped engine may take to exit after SIGTERM before its group is killed."""
 
+READY_PROBE_S = 60.0
+"""How long one readiness probe (a generated token) may take: a server whose engine died
+while it served the probe can hold the request open while it shuts down (vLLM waits for its
+connections), so an unbounded probe waited out the whole start-up timeout."""
+
 
 class EngineStartError(RuntimeError):
     """A launched engine exited or never became ready; the message names its log file."""
@@ -61,8 +66,10 @@ class ProcessLauncher:
         log_path: Path | None = None,
         ready: Callable[[str], Awaitable[bool]] | None = None,
         name: str | None = None,
+        probe_timeout_s: float = READY_PROBE_S,
     ) -> None:
         self.argv = argv
+        self.probe_timeout_s = probe_timeout_s
         self.url = url
         self.ready_timeout_s = ready_timeout_s
         self.env = env
@@ -115,11 +122,20 @@ class ProcessLauncher:
             if not found.done():
                 raise EngineStartError(self._exit_message())
             url = found.result()
-        while self.ready is not None and not await self.ready(url):
+        while self.ready is not None and not await self._probe(url):
             if not self.alive():
+                await self._exited()
                 raise EngineStartError(self._exit_message())
             await asyncio.sleep(0.5)
         return url
+
+    async def _probe(self, url: str) -> bool:
+        assert self.ready is not None
+        try:
+            async with asyncio.timeout(self.probe_timeout_s):
+                return await self.ready(url)
+        except TimeoutError:
+            return False
 
     async def _exited(self) -> None:
         assert self.process is not None
