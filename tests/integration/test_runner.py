@@ -14,21 +14,26 @@ from tracerl.gateway.store import SQLiteTraceStore
 from tracerl.run.rollouts import EpisodeRunner
 
 
+async def ask(session: Session, prompt: str, max_tokens: int) -> None:
+    """One chat request through the official SDK."""
+    client = openai.AsyncOpenAI(
+        base_url=session.openai_base_url, api_key=session.api_key, max_retries=0
+    )
+    async with client:
+        await client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens
+        )
+
+
 class OneTurn:
-    """One chat request through the official SDK; reward 1."""
+    """One chat request; reward 1."""
 
     name = "one-turn"
     task_fields = ("prompt",)
     reward_fn = None
 
     async def run(self, task: Task, session: Session) -> EnvResult:
-        client = openai.AsyncOpenAI(
-            base_url=session.openai_base_url, api_key=session.api_key, max_retries=0
-        )
-        async with client:
-            await client.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=4
-            )
+        await ask(session, task["prompt"], 4)
         return EnvResult(1.0)
 
 
@@ -108,17 +113,10 @@ class RefusedAgent:
     reward_fn = None
 
     async def run(self, task: Task, session: Session) -> EnvResult:
-        client = openai.AsyncOpenAI(
-            base_url=session.openai_base_url, api_key=session.api_key, max_retries=0
-        )
-        async with client:
-            try:
-                await client.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": task["prompt"]}],
-                    max_tokens=10**6,
-                )  # fmt: skip
-            except openai.BadRequestError as e:
-                return EnvResult(0.0, {"agent_error": 1.0}, f"agent exited: {e.message}")
+        try:
+            await ask(session, task["prompt"], 10**6)
+        except openai.BadRequestError as e:
+            return EnvResult(0.0, {"agent_error": 1.0}, f"agent exited: {e.message}")
         return EnvResult(1.0)
 
 
