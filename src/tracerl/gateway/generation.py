@@ -81,8 +81,10 @@ async def generate(
     rid: str,
     eos_ids: set[int],
     stream: bool = True,
+    traceparent: str | None = None,
 ) -> AsyncIterator[str | Completion]:
-    """Yield the visible text after each engine chunk, then the `Completion`.
+    """Yield the visible text after each engine chunk, then the `Completion`. `traceparent`:
+    the gateway request's span, parent of the pool's generation span.
 
     Without `stream` (and without stop strings, which need the text as it grows) the engine is
     asked for the whole reply at once, which costs one JSON reply instead of a stream of events.
@@ -93,6 +95,7 @@ async def generate(
         input_ids=prompt_ids,
         return_logprob=True,
         stream=False,
+        traceparent=traceparent,
         sampling_params=SamplingParams(
             max_new_tokens=spec.max_new_tokens,
             temperature=spec.temperature,

@@ -18,6 +18,8 @@ from tracerl.gateway.generation import EngineUnavailable, UntraceableReply, Upst
 SESSION_PATH = re.compile(r"/s/([^/]*)(/.*)?")
 TOKENS_KEY = web.RequestKey("tokens", tuple)
 """Where a generation leaves (prompt, completion) tokens for the access log."""
+STREAM_ERROR_KEY = web.RequestKey("stream_error", str)
+"""Why a stream that had answered 200 ended in an error event (for the request's span)."""
 
 
 def normalize_path(path: str) -> str:
