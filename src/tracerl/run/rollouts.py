@@ -35,7 +35,7 @@ from tracerl.envs import Environment, EpisodeResult, Session, Task, run_episode,
 from tracerl.envs.episode import PlayerLost
 from tracerl.gateway.store import TraceStore
 from tracerl.run.spans import episode_attributes
-from tracerl.telemetry import AttributeValue, Telemetry
+from tracerl.telemetry import AttributeValue, Span, Telemetry
 from tracerl.trace.schema import SessionTrace
 from tracerl.trace.versions import oldest_version
 from tracerl.train.batch import TrainSample
@@ -180,7 +180,7 @@ class EpisodeRunner:
             "tracerl.episode.group": group,
         }
         with self.telemetry.span("episode", attributes=attributes) as span:
-            rollout = await self._run(task, group, kind, sampling, span.traceparent)
+            rollout = await self._run(task, group, kind, sampling, span)
             span.update(episode_attributes(rollout))
             if rollout.result.failed:
                 span.fail(rollout.result.reason or "failed")
@@ -192,13 +192,14 @@ class EpisodeRunner:
         group: int,
         kind: str,
         sampling: dict[str, Any],
-        traceparent: str | None,
+        span: Span,
     ) -> Rollout:
         for attempt in range(REPLAYS + 1):
-            url, reply = await self._open(group, kind, traceparent)
+            url, reply = await self._open(group, kind, span.traceparent)
             session = Session.from_gateway(
-                reply, model=self.model, sampling=sampling, traceparent=traceparent
+                reply, model=self.model, sampling=sampling, traceparent=span.traceparent
             )
+            span.set("tracerl.session.id", session.session_id)  # a cancelled episode's too
             try:
                 result = await self._player(task, session, self.timeout_s)
                 break

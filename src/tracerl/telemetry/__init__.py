@@ -14,6 +14,7 @@ their spans apart).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping
 from types import TracebackType
@@ -46,7 +47,9 @@ def trace_id_of(traceparent: str) -> str:
 
 class Span:
     """A started span. This base is the inert one telemetry-off hands out; `end` must be called
-    once (or the span used as a context manager, which records an escaping exception)."""
+    once (or the span used as a context manager, which records an escaping exception as the
+    span's error; a cancellation, which here means shed or stopping, only as
+    `tracerl.cancelled`)."""
 
     traceparent: str | None = None
     """This span as a W3C `traceparent`, for children in other processes (None when off)."""
@@ -73,7 +76,9 @@ class Span:
         error: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if error is not None:
+        if isinstance(error, asyncio.CancelledError):
+            self.set("tracerl.cancelled", True)
+        elif error is not None:
             self.fail(describe(error))
         self.end()
 
