@@ -13,9 +13,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 
+from tests.fakes import Raw
 from tests.otlp import GrpcReceiver, HttpReceiver, ReceivedSpan
 from tests.waiting import wait_until
 from tracerl.config import TelemetryConfig
@@ -261,3 +263,70 @@ async def test_a_session_keeps_its_trace_context_across_a_gateway_restart(
     assert request.trace_id == trace_id_of(traceparent)
     assert request.parent_id == traceparent.split("-")[2]
     assert request.attributes["tracerl.gateway.parent"] == "session"
+
+
+async def test_a_stream_that_fails_after_its_200_is_an_error_span(
+    make_gateway, fake_engine, receiver
+) -> None:
+    fake, client = fake_engine
+    telemetry = start_telemetry(TelemetryConfig(otlp_endpoint=receiver.url))
+    try:
+        gw = await make_gateway(client, telemetry=telemetry)
+        session = await gw.open_session()
+        ids = fake.tokenizer("partial", add_special_tokens=False)["input_ids"]
+        fake.reply_raw(Raw(stream_events=[good_chunk(ids)], done=False))  # no [DONE]
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        headers = {"Authorization": f"Bearer {session['api_key']}"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{session['openai_base_url']}/chat/completions", json=body, headers=headers
+            ) as r,
+        ):
+            assert r.status == 200
+            assert "data: [DONE]" not in await r.text()
+        await flush(telemetry)
+    finally:
+        await telemetry.close()
+    request = one(receiver.spans, "gateway.request")
+    assert request.status == "ERROR" and "without [DONE]" in request.status_message
+    assert request.parent_id is None  # a session opened without a trace context: a root
+    assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["tracerl.gateway.outcome"] == "error"
+
+
+def good_chunk(ids: list[int]) -> dict[str, Any]:
+    return {
+        "text": "",
+        "output_ids": ids,
+        "meta_info": {
+            "id": "x",
+            "finish_reason": None,
+            "prompt_tokens": 1,
+            "completion_tokens": len(ids),
+            "output_token_logprobs": [[-0.5, i, None] for i in ids],
+            "weight_version": 0,
+        },
+    }
+
+
+async def test_tracerl_serve_exports_its_requests_and_flushes_them_on_exit(
+    receiver, tmp_path
+) -> None:
+    """`tracerl serve --demo` with `--telemetry.otlp_endpoint`: the demo's request span reaches
+    the collector before the command exits."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tracerl.cli.main", "serve", "--model", "tiny", "--port", "0",
+        "--demo", "--store", str(tmp_path / "traces.sqlite"),
+        f"--telemetry.otlp_endpoint={receiver.url}", "--telemetry.service_name=serve-demo",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    async with asyncio.timeout(300):
+        stdout, stderr = await proc.communicate()
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    request = one(receiver.spans, "gateway.request")
+    assert request.resource["service.name"] == "serve-demo"
+    assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["gen_ai.usage.output_tokens"] >= 1
+    assert request.attributes["tracerl.session.id"] in stdout.decode()
