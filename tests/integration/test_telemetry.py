@@ -330,3 +330,42 @@ async def test_tracerl_serve_exports_its_requests_and_flushes_them_on_exit(
     assert request.attributes["http.response.status_code"] == 200
     assert request.attributes["gen_ai.usage.output_tokens"] >= 1
     assert request.attributes["tracerl.session.id"] in stdout.decode()
+
+
+async def test_a_gateway_actor_exports_with_the_config_it_is_given(
+    fake_engine, receiver, tmp_path
+) -> None:
+    """A Ray gateway actor's class, run in this process: it builds its telemetry from the
+    `[telemetry]` config it is handed (a plain, picklable model) and flushes it as it stops."""
+    from tracerl.cluster.gateway_actor import GatewayServer
+    from tracerl.config import EngineConfig, PoolConfig
+
+    fake, client = fake_engine
+    server = GatewayServer()
+    config = TelemetryConfig(otlp_endpoint=receiver.url, service_name="gateway-actor")
+    try:
+        url = await server.start(
+            EngineConfig(model="tiny"), PoolConfig(), [client.base_url],
+            str(tmp_path / "traces.sqlite"), "admin", None, "127.0.0.1", config,
+        )  # fmt: skip
+        headers = {"Authorization": "Bearer admin"}
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/sessions", headers=headers) as r:
+                session = await r.json()
+            fake.say("hi")
+            sdk = openai.AsyncOpenAI(
+                base_url=session["openai_base_url"], api_key=session["api_key"], max_retries=0
+            )
+            async with sdk:
+                await sdk.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "hi"}]
+                )
+    finally:
+        await server.stop()  # its telemetry is flushed here
+    request, generation = (
+        one(receiver.spans, "gateway.request"),
+        one(receiver.spans, "engine.generate"),
+    )
+    assert request.resource["service.name"] == "gateway-actor"
+    assert generation.parent_id == request.span_id
+    assert generation.attributes["tracerl.engine.id"] == client.base_url
