@@ -133,6 +133,7 @@ async def test_an_episode_exports_its_spans_with_their_structure_over_http(
         assert a["tracerl.gateway.parent"] == "session"  # the malformed header was ignored
         assert a["http.response.status_code"] == 200 and a["tracerl.gateway.outcome"] == "ok"
         assert a["gen_ai.usage.input_tokens"] > 0 and 1 <= a["gen_ai.usage.output_tokens"] <= 4
+        assert a["tracerl.engine.id"] == "local-0" and a["tracerl.pool.retries"] == 0
         assert request.status == "UNSET"
         assert episode.start_ns <= request.start_ns <= request.end_ns <= episode.end_ns
     assert sum(r.attributes["gen_ai.usage.output_tokens"] for r in requests) == rollout.tokens
@@ -369,3 +370,37 @@ async def test_a_gateway_actor_exports_with_the_config_it_is_given(
     assert request.resource["service.name"] == "gateway-actor"
     assert generation.parent_id == request.span_id
     assert generation.attributes["tracerl.engine.id"] == client.base_url
+
+
+async def test_a_retried_generation_says_so_on_both_spans(
+    make_gateway, fake_engine, receiver
+) -> None:
+    """The engine fails the first attempt (503): the pool retries it, and the request's span and
+    its generation's show the engine, the retry and the engine that failed."""
+    fake, client = fake_engine
+    telemetry = start_telemetry(TelemetryConfig(otlp_endpoint=receiver.url))
+    pool = EnginePool([Member("fake-0", client)], telemetry=telemetry)
+    try:
+        gw = await make_gateway(pool, telemetry=telemetry)
+        session = await gw.open_session()
+        fake.reply_raw(Raw(status=503, body={"error": {"message": "busy"}}))
+        fake.say("hello")
+        sdk = openai.AsyncOpenAI(
+            base_url=session["openai_base_url"], api_key=session["api_key"], max_retries=0
+        )
+        async with sdk:
+            await sdk.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "hi"}]
+            )
+        await flush(telemetry)
+    finally:
+        await telemetry.close()
+    request, generation = (
+        one(receiver.spans, "gateway.request"),
+        one(receiver.spans, "engine.generate"),
+    )
+    assert request.attributes["tracerl.engine.id"] == "fake-0"
+    assert request.attributes["tracerl.pool.retries"] == 1
+    assert generation.attributes["tracerl.pool.attempts"] == 2
+    assert generation.attributes["tracerl.pool.failed_on"] == "fake-0"
+    assert generation.status == "UNSET" and generation.parent_id == request.span_id

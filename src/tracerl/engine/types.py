@@ -124,6 +124,10 @@ class GenerateOutput:
     weight_version_min: int | None = None
     """Oldest weights any token of this generation came from, when a resumed generation crossed
     a weight update (the pool sets it; `weight_version` is the newest)."""
+    served_by: str | None = None
+    """The pool member that generated this chunk (the pool sets it; never on the wire)."""
+    attempts: int = 0
+    """Attempts the pool has made for the request so far (the pool sets it; never on the wire)."""
 
     def to_wire(self) -> dict[str, Any]:
         finish: dict[str, Any] | None = None

@@ -71,6 +71,9 @@ class Completion:
     weight_version: int
     prompt_tokens: int
     weight_version_min: int | None = None
+    served_by: str | None = None
+    """The pool member that generated it, and in how many attempts (None, 0: no pool)."""
+    attempts: int = 0
 
 
 async def generate(
@@ -114,6 +117,7 @@ async def generate(
     incremental = stream or bool(spec.stop)  # otherwise the text is decoded once, at the end
     text = ""
     stop_hit: tuple[str, int] | None = None
+    served_by, attempts = None, 0
     try:
         chunks: AsyncGenerator[GenerateOutput, None] = (
             engine.generate_stream(request) if incremental else _one(engine.generate(request))
@@ -125,6 +129,8 @@ async def generate(
                 ids += chunk.output_ids
                 logprobs += chunk.output_logprobs
                 version = chunk.weight_version
+                if chunk.served_by is not None:  # the pool's word (its last chunk may lack it)
+                    served_by, attempts = chunk.served_by, chunk.attempts
                 if chunk.weight_version_min is not None:
                     min_version = chunk.weight_version_min
                 if incremental:
@@ -175,6 +181,8 @@ async def generate(
         weight_version=version,
         prompt_tokens=len(prompt_ids),
         weight_version_min=min_version,
+        served_by=served_by,
+        attempts=attempts,
     )
 
 

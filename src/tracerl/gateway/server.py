@@ -51,12 +51,12 @@ from tracerl.gateway.render import ChatRenderer, ForcedCall, forced_call
 from tracerl.gateway.replies import (
     SESSION_PATH,
     STREAM_ERROR_KEY,
-    TOKENS_KEY,
     access_log_middleware,
     classify,
     close_stream,
     error_response,
     normalize_path,
+    note_completion,
     orjson_response,
     read_json,
 )
@@ -408,7 +408,7 @@ class Gateway:
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
             return self._generation_error(dialect, e)
         assert isinstance(completion, Completion)
-        request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
+        note_completion(request, completion)
         outcome = self._outcome(completion, turn)
         response = self._response(turn, outcome)
         if state is not None:
@@ -473,7 +473,7 @@ class Gateway:
             await send(writer.error(status, message))
             return await close_stream(resp)
         assert completion is not None
-        request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
+        note_completion(request, completion)
         outcome = self._outcome(completion, turn)
         content = outcome.parsed.content
         await send(

@@ -3,8 +3,9 @@
 A request's span is a child of its `traceparent` header when that is a valid W3C value (an
 agent that traces itself), else of its session's trace context (the episode that opened the
 session), else the root of a trace of its own. It carries the session, the endpoint, the
-tokens (OpenTelemetry's `gen_ai.usage.*` names), the status code and the outcome; the engine
-that served it and the retries are on its child, the pool's `engine.generate`.
+tokens (OpenTelemetry's `gen_ai.usage.*` names), the engine that served it and the retries
+(as the pool reported them on its chunks), the status code and the outcome; the pool's
+`engine.generate` child has the detail of the attempts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from tracerl.gateway.replies import STREAM_ERROR_KEY, TOKENS_KEY
+from tracerl.gateway.replies import ENGINE_KEY, STREAM_ERROR_KEY, TOKENS_KEY
 from tracerl.gateway.session import SessionState
 from tracerl.telemetry import INERT_SPAN, Span, Telemetry, valid_traceparent
 
@@ -57,6 +58,9 @@ def end_request_span(span: Span, request: web.Request, response: web.StreamRespo
         span.update(
             {"gen_ai.usage.input_tokens": tokens[0], "gen_ai.usage.output_tokens": tokens[1]}
         )
+    engine, attempts = request.get(ENGINE_KEY, (None, 0))
+    if engine is not None:  # behind a pool
+        span.update({"tracerl.engine.id": engine, "tracerl.pool.retries": attempts - 1})
     status = response.status if response is not None else 500
     stream_error = request.get(STREAM_ERROR_KEY)
     span.set("http.response.status_code", status)

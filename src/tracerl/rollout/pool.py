@@ -308,6 +308,7 @@ class EnginePool:
                                 break
                             chunk.finish_reason = None  # its tokens are: passed on as sampled
                         chunk.rid = request.rid
+                        chunk.served_by, chunk.attempts = member.name, attempts
                         chunk.prompt_tokens = len(request.input_ids)
                         chunk.completion_tokens = len(progress.ids)
                         if progress.oldest is not None and progress.oldest != chunk.weight_version:
