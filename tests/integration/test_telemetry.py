@@ -82,6 +82,14 @@ async def traced_episode(
         await pool.close()
 
 
+async def chat(base_url: str, api_key: str) -> None:
+    """One chat request through the official SDK."""
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as sdk:
+        await sdk.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}]
+        )
+
+
 def one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
     named = [s for s in spans if s.name == name]
     assert len(named) == 1, [s.name for s in spans]
@@ -252,11 +260,7 @@ async def test_a_session_keeps_its_trace_context_across_a_gateway_restart(
         second.gateway.admin_key = first.gateway.admin_key
         fake.say("hello")
         base_url = session["openai_base_url"].replace(first.url, second.url)
-        sdk = openai.AsyncOpenAI(base_url=base_url, api_key=session["api_key"], max_retries=0)
-        async with sdk:
-            await sdk.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "hi"}]
-            )
+        await chat(base_url, session["api_key"])
         await flush(telemetry)
     finally:
         await telemetry.close()
@@ -354,13 +358,7 @@ async def test_a_gateway_actor_exports_with_the_config_it_is_given(
             async with http.post(f"{url}/sessions", headers=headers) as r:
                 session = await r.json()
             fake.say("hi")
-            sdk = openai.AsyncOpenAI(
-                base_url=session["openai_base_url"], api_key=session["api_key"], max_retries=0
-            )
-            async with sdk:
-                await sdk.chat.completions.create(
-                    model="tiny", messages=[{"role": "user", "content": "hi"}]
-                )
+            await chat(session["openai_base_url"], session["api_key"])
     finally:
         await server.stop()  # its telemetry is flushed here
     request, generation = (
@@ -385,13 +383,7 @@ async def test_a_retried_generation_says_so_on_both_spans(
         session = await gw.open_session()
         fake.reply_raw(Raw(status=503, body={"error": {"message": "busy"}}))
         fake.say("hello")
-        sdk = openai.AsyncOpenAI(
-            base_url=session["openai_base_url"], api_key=session["api_key"], max_retries=0
-        )
-        async with sdk:
-            await sdk.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "hi"}]
-            )
+        await chat(session["openai_base_url"], session["api_key"])
         await flush(telemetry)
     finally:
         await telemetry.close()
