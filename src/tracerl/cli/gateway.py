@@ -2,7 +2,8 @@
 
 `serve --demo` is the quickstart's main job until training lands: it opens a session, sends one
 chat request through the official `openai` SDK, prints the answer and what the trace recorded,
-and exits.
+and exits. With `[telemetry]` on, both export request spans (and the pool's generation spans)
+and flush them on the way out.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from tracerl.config import (
     PoolConfig,
     ServeConfig,
 )
+from tracerl.telemetry import Telemetry, start_telemetry
 
 
 async def _gateway_up(
-    config: GatewayConfig, engine: Any, tokenizer: Any
+    config: GatewayConfig, engine: Any, tokenizer: Any, telemetry: Telemetry
 ) -> tuple[Any, Any, Any, str]:
     from tracerl.engine.server import start_server
     from tracerl.gateway.server import Gateway
@@ -44,6 +46,7 @@ async def _gateway_up(
         max_model_len=info.get("max_model_len"),
         max_tokens_policy=config.max_tokens_policy,
         access_log=config.access_log,
+        telemetry=telemetry,
     )
     runner, port = await start_server(
         gateway.app(), config.host, config.port, cancel_on_disconnect=False
@@ -66,7 +69,7 @@ async def _gateway_up(
 
 
 async def _engines(
-    engine: EngineConfig, urls: list[str], pool: PoolConfig, logs: Path
+    engine: EngineConfig, urls: list[str], pool: PoolConfig, logs: Path, telemetry: Telemetry
 ) -> tuple[Any, Any]:
     """The pool of `engine.backend` engines (attached to `urls`, or launched) and the model's
     tokenizer; configuration errors name the setting."""
@@ -81,7 +84,7 @@ async def _engines(
         raise ConfigError(f"gateway.model: {e}") from None
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     attach = engine.model_copy(update={"urls": urls or engine.urls})
-    return await start_pool(attach, model_dir, logs, pool), tokenizer
+    return await start_pool(attach, model_dir, logs, pool, telemetry=telemetry), tokenizer
 
 
 async def _gateway_main(config: GatewayCommandConfig) -> int:
@@ -90,34 +93,50 @@ async def _gateway_main(config: GatewayCommandConfig) -> int:
     gateway = config.gateway
     engine = config.engine.model_copy(update={"model": gateway.model})
     logs = backend_log_dir(engine, Path("engine-logs"))
-    pool, tokenizer = await _engines(engine, gateway.engine_urls, config.pool, logs)
+    telemetry = start_telemetry(config.telemetry)
     try:
-        _, store, runner, _ = await _gateway_up(gateway, pool, tokenizer)
+        pool, tokenizer = await _engines(engine, gateway.engine_urls, config.pool, logs, telemetry)
         try:
-            await eventloop.wait_for_signal()
+            _, store, runner, _ = await _gateway_up(gateway, pool, tokenizer, telemetry)
+            try:
+                await eventloop.wait_for_signal()
+            finally:
+                await runner.cleanup()
+                await store.close()
         finally:
-            await runner.cleanup()
-            await store.close()
+            await pool.close()
     finally:
-        await pool.close()
+        await telemetry.close()  # every span ended above is exported
     return 0
 
 
 async def _serve_main(config: ServeConfig, demo: bool, prompt: str) -> int:
+    started = time.monotonic()
+    telemetry = start_telemetry(config.telemetry)
+    try:
+        return await _serve(config, demo, prompt, started, telemetry)
+    finally:
+        await telemetry.close()  # every span ended in the serve is exported
+
+
+async def _serve(
+    config: ServeConfig, demo: bool, prompt: str, started: float, telemetry: Telemetry
+) -> int:
     from tracerl.cli.engine import build_engine
     from tracerl.rollout.backends import backend_log_dir
 
-    started = time.monotonic()
     if config.engine.backend == "local" and not config.engine.urls:
-        engine: Any = build_engine(config.engine)
+        engine: Any = build_engine(config.engine)  # no pool: no engine.generate spans
         await engine.start()
         tokenizer = engine.tokenizer
     else:
         logs = backend_log_dir(config.engine, Path("engine-logs"))
-        engine, tokenizer = await _engines(config.engine, [], config.pool, logs)
+        engine, tokenizer = await _engines(config.engine, [], config.pool, logs, telemetry)
     try:
         gateway_config = config.gateway.model_copy(update={"model": config.engine.model})
-        gateway, store, runner, url = await _gateway_up(gateway_config, engine, tokenizer)
+        gateway, store, runner, url = await _gateway_up(
+            gateway_config, engine, tokenizer, telemetry
+        )
         print(f"ready in {time.monotonic() - started:.1f} s", flush=True)
         try:
             if demo:

@@ -2,7 +2,8 @@
 driver would (`tracerl.gateway.server.Gateway`, the run's admin key and system prompt) on
 `cluster.bind` of its node, in front of an engine pool of its own attached to the run's engine
 servers, and records into the run's one trace store (the SQLite file, or PostgreSQL), from which
-the driver reads every turn once.
+the driver reads every turn once. With `[telemetry]` on, each actor exports its own request and
+generation spans (a `Telemetry` of its own, built from the config it is given, flushed at stop).
 
 The driver's pool still owns the engines (launch, health, restarts, weight sync); the actors'
 pools only route and fail over. An engine an actor's pool loses is retried elsewhere, resuming
@@ -29,6 +30,7 @@ from tracerl.cluster.ray_cluster import import_ray, reachable_host, started
 from tracerl.config.cluster import GatewaysConfig
 from tracerl.config.engine import EngineConfig
 from tracerl.config.pool import PoolConfig
+from tracerl.config.telemetry import TelemetryConfig
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,7 @@ class GatewayServer:
         self.pool: Any = None
         self.store: Any = None
         self.runner: Any = None
+        self.telemetry: Any = None
 
     async def start(
         self,
@@ -50,9 +53,10 @@ class GatewayServer:
         admin_key: str,
         system_prompt: str | None,
         bind: str,
+        telemetry: TelemetryConfig | None = None,
     ) -> str:
         """The gateway's URL once it serves (this node's address when `bind` is beyond
-        loopback)."""
+        loopback); `telemetry`: where its spans go (unset: off)."""
         from transformers import AutoTokenizer
 
         from tracerl.engine.server import start_server
@@ -60,11 +64,15 @@ class GatewayServer:
         from tracerl.gateway.store import open_store
         from tracerl.models import resolve_model
         from tracerl.rollout.backends import start_pool
+        from tracerl.telemetry import start_telemetry
 
+        self.telemetry = start_telemetry(telemetry)
         model_dir = resolve_model(engine.model)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         attached = engine.model_copy(update={"urls": urls})
-        self.pool = await start_pool(attached, model_dir, Path(tempfile.gettempdir()), pool)
+        self.pool = await start_pool(
+            attached, model_dir, Path(tempfile.gettempdir()), pool, telemetry=self.telemetry
+        )
         self.store = await open_store(store)
         info = await self.pool.model_info()
         gateway = Gateway(
@@ -76,6 +84,7 @@ class GatewayServer:
             admin_key=admin_key,
             system_prompt=system_prompt,
             max_model_len=info.get("max_model_len"),
+            telemetry=self.telemetry,
         )
         self.runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)
         return f"http://{reachable_host(bind)}:{port}"
@@ -95,6 +104,7 @@ class GatewayServer:
             self.runner and self.runner.cleanup,
             self.pool and self.pool.close,
             self.store and self.store.close,
+            self.telemetry and self.telemetry.close,
         ):
             if close:
                 await close()
@@ -121,6 +131,7 @@ class RayGateways:
         admin_key: str,
         system_prompt: str | None,
         bind: str,
+        telemetry: TelemetryConfig | None = None,
     ) -> list[str]:
         """Place `role.count` gateways and return their URLs; `ConfigError` naming the role if
         they cannot be placed in `cluster.ready_timeout_s`."""
@@ -140,7 +151,7 @@ class RayGateways:
         remote = ray.remote(GatewayServer).options(**options)
         self.actors = [remote.remote() for _ in range(r.count)]
         self._engines = list(engine_urls)
-        args = (engine, pool, self._engines, store, admin_key, system_prompt, bind)
+        args = (engine, pool, self._engines, store, admin_key, system_prompt, bind, telemetry)
         starts = [actor.start.remote(*args) for actor in self.actors]
         where = "on the driver's node (the SQLite store's)" if self.on_driver_node else ""
         self.urls = await started(starts, "gateways", "gateway", r, self.ready_timeout_s, where)

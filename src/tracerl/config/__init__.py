@@ -23,6 +23,7 @@ from tracerl.config.engine import (
 from tracerl.config.gateway import GatewayCommandConfig, GatewayConfig, ServeConfig
 from tracerl.config.pool import PoolConfig
 from tracerl.config.run import LoggingConfig, LoopConfig, TrainCommandConfig
+from tracerl.config.telemetry import TelemetryConfig
 from tracerl.config.train import TrainerConfig
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "ServerConfig",
     "SimEngineConfig",
     "SimFaults",
+    "TelemetryConfig",
     "TrainCommandConfig",
     "TrainerConfig",
     "field_help",

@@ -9,6 +9,7 @@ from pydantic import Field
 from tracerl.config.base import Config
 from tracerl.config.engine import EngineConfig
 from tracerl.config.pool import PoolConfig
+from tracerl.config.telemetry import TelemetryConfig
 
 
 class GatewayConfig(Config):
@@ -61,6 +62,8 @@ class GatewayCommandConfig(Config):
     """Which backend the engines are (`backend`), and what launched ones serve; the model is
     always `gateway.model`."""
     pool: PoolConfig = Field(default_factory=PoolConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    """OpenTelemetry spans of requests and generations (off unless `otlp_endpoint` is set)."""
 
 
 class ServeConfig(Config):
@@ -71,3 +74,5 @@ class ServeConfig(Config):
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
     """Used when `engine.backend` is a server: the pool in front of it."""
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    """OpenTelemetry spans of requests and generations (off unless `otlp_endpoint` is set)."""

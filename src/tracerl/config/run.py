@@ -16,6 +16,7 @@ from tracerl.config.control import OrchestratorConfig
 from tracerl.config.engine import EngineConfig
 from tracerl.config.envs import DatasetConfig, EnvConfig
 from tracerl.config.pool import PoolConfig
+from tracerl.config.telemetry import TelemetryConfig
 from tracerl.config.train import TrainerConfig
 
 
@@ -110,6 +111,8 @@ class TrainCommandConfig(Config):
     `[postgres]` extra)."""
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     """Where the trainer ranks and engines run: this process, or a Ray cluster."""
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    """OpenTelemetry spans to an OTLP collector (off unless `otlp_endpoint` is set)."""
 
     @model_validator(mode="before")
     @classmethod

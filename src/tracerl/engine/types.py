@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 FinishType = Literal["stop", "length", "abort"]
 
@@ -81,6 +82,9 @@ class GenerateRequest(BaseModel):
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     return_logprob: bool = True
     stream: bool = False
+    traceparent: SkipJsonSchema[str | None] = Field(default=None, exclude=True)
+    """The caller's span (W3C `traceparent`), parent of the pool's generation span: in process
+    only, never sent to an engine (excluded from dumps and from the engine's OpenAPI)."""
 
     @field_validator("rid")
     @classmethod
@@ -120,6 +124,10 @@ class GenerateOutput:
     weight_version_min: int | None = None
     """Oldest weights any token of this generation came from, when a resumed generation crossed
     a weight update (the pool sets it; `weight_version` is the newest)."""
+    served_by: str | None = None
+    """The pool member that generated this chunk (the pool sets it; never on the wire)."""
+    attempts: int = 0
+    """Attempts the pool has made for the request so far (the pool sets it; never on the wire)."""
 
     def to_wire(self) -> dict[str, Any]:
         finish: dict[str, Any] | None = None

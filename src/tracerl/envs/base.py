@@ -31,6 +31,9 @@ class Session:
     """The model name put in requests (the gateway serves its one model whatever the name)."""
     sampling: Mapping[str, Any] = field(default_factory=dict)
     """Overrides of the environment's sampling config (`temperature`, `max_tokens`, `top_p`)."""
+    traceparent: str | None = None
+    """The episode's span as a W3C `traceparent` (telemetry on): external agents get it as
+    `TRACEPARENT`, so their own spans join the episode's trace."""
 
     @classmethod
     def from_gateway(
@@ -39,6 +42,7 @@ class Session:
         *,
         model: str = "policy",
         sampling: Mapping[str, Any] | None = None,
+        traceparent: str | None = None,
     ) -> Session:
         """Build from the JSON body of `POST /sessions`."""
         return cls(
@@ -48,6 +52,7 @@ class Session:
             anthropic_base_url=reply["anthropic_base_url"],
             model=model,
             sampling=dict(sampling or {}),
+            traceparent=traceparent,
         )
 
 

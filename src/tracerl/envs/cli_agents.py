@@ -23,7 +23,8 @@ model's replies, which is what training should see) with the end of its output k
 episode's error; an episode that recorded no reply then fails with it, where the gateway's
 error is (a prompt past the model's context says so: "the prompt is N tokens; the model's
 context is M tokens"). `agent_errors = "fail"` fails every such episode. A CLI that runs past
-`timeout_s` is killed with its process group and fails the episode.
+`timeout_s` is killed with its process group and fails the episode. With telemetry on, both
+get `TRACEPARENT` (the episode's span) in their environment.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any, cast
 
 from tracerl.config.envs import ClaudeCodeEnvConfig, CliAgentEnvConfig, CodexEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task, TraceReward
-from tracerl.envs.command import OUTPUT_TAIL_CHARS, AgentError, run_agent
+from tracerl.envs.command import OUTPUT_TAIL_CHARS, AgentError, run_agent, with_traceparent
 from tracerl.envs.rewards import load_reward_fn
 
 
@@ -70,6 +71,7 @@ class CliAgentEnvironment(ABC):
             home = work / ".agent-home"
             home.mkdir()
             argv, env = self.command(str(task["prompt"]), session, home)
+            env = with_traceparent(env, session)
             stdout, stderr, code = await run_agent(
                 argv, env, str(work), self.config.timeout_s, None
             )

@@ -3,7 +3,9 @@
 The agent is started without a shell, in a process group of its own, with the session in the
 variables every SDK reads: `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`,
 `ANTHROPIC_API_KEY` (plus `TRACERL_SESSION_ID`, `TRACERL_MODEL`, and `TRACERL_SAMPLING`, a JSON
-object of sampling fields an agent may pass on). It reads the task as one JSON line on stdin.
+object of sampling fields an agent may pass on; with telemetry on, `TRACEPARENT`, the episode's
+span, which OpenTelemetry SDKs and a `traceparent` request header carry on). It reads the task
+as one JSON line on stdin.
 
 The reward is the last non-empty stdout line when that is a JSON object with a `"reward"` key,
 for example `{"reward": 0.5, "metrics": {"steps": 3}}`. An agent that prints none is scored from
@@ -65,7 +67,7 @@ class CommandEnvironment:
                 ),
             }
         )
-        return env
+        return with_traceparent(env, session)
 
     async def run(self, task: Task, session: Session) -> EnvResult:
         argv = self.config.argv
@@ -133,6 +135,13 @@ async def run_agent(
         if proc.returncode is None:
             await proc.wait()
     return stdout, stderr, proc.returncode
+
+
+def with_traceparent(env: dict[str, str], session: Session) -> dict[str, str]:
+    """`env` with `TRACEPARENT` set to the episode's span, when it has one (telemetry on)."""
+    if session.traceparent is not None:
+        env["TRACEPARENT"] = session.traceparent
+    return env
 
 
 def _metrics(raw: Any) -> dict[str, float]:

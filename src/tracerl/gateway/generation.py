@@ -71,6 +71,9 @@ class Completion:
     weight_version: int
     prompt_tokens: int
     weight_version_min: int | None = None
+    served_by: str | None = None
+    """The pool member that generated it, and in how many attempts (None, 0: no pool)."""
+    attempts: int = 0
 
 
 async def generate(
@@ -81,8 +84,10 @@ async def generate(
     rid: str,
     eos_ids: set[int],
     stream: bool = True,
+    traceparent: str | None = None,
 ) -> AsyncIterator[str | Completion]:
-    """Yield the visible text after each engine chunk, then the `Completion`.
+    """Yield the visible text after each engine chunk, then the `Completion`. `traceparent`:
+    the gateway request's span, parent of the pool's generation span.
 
     Without `stream` (and without stop strings, which need the text as it grows) the engine is
     asked for the whole reply at once, which costs one JSON reply instead of a stream of events.
@@ -93,6 +98,7 @@ async def generate(
         input_ids=prompt_ids,
         return_logprob=True,
         stream=False,
+        traceparent=traceparent,
         sampling_params=SamplingParams(
             max_new_tokens=spec.max_new_tokens,
             temperature=spec.temperature,
@@ -111,6 +117,7 @@ async def generate(
     incremental = stream or bool(spec.stop)  # otherwise the text is decoded once, at the end
     text = ""
     stop_hit: tuple[str, int] | None = None
+    served_by, attempts = None, 0
     try:
         chunks: AsyncGenerator[GenerateOutput, None] = (
             engine.generate_stream(request) if incremental else _one(engine.generate(request))
@@ -122,6 +129,8 @@ async def generate(
                 ids += chunk.output_ids
                 logprobs += chunk.output_logprobs
                 version = chunk.weight_version
+                if chunk.served_by is not None:  # the pool's word (its last chunk may lack it)
+                    served_by, attempts = chunk.served_by, chunk.attempts
                 if chunk.weight_version_min is not None:
                     min_version = chunk.weight_version_min
                 if incremental:
@@ -172,6 +181,8 @@ async def generate(
         weight_version=version,
         prompt_tokens=len(prompt_ids),
         weight_version_min=min_version,
+        served_by=served_by,
+        attempts=attempts,
     )
 
 

@@ -377,7 +377,11 @@ def gateway_openapi() -> dict[str, Any]:
     create["requestBody"] = json_body(
         {
             "type": "object",
-            "properties": {"system_prompt": {"type": "string"}, "metadata": {"type": "object"}},
+            "properties": {
+                "system_prompt": {"type": "string"},
+                "metadata": {"type": "object"},
+                "traceparent": {"type": "string"},  # W3C; ignored unless valid
+            },
         },
         required=False,
     )

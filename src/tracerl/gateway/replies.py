@@ -13,11 +13,26 @@ import orjson
 from aiohttp import web
 
 from tracerl.gateway.api import Dialect
-from tracerl.gateway.generation import EngineUnavailable, UntraceableReply, UpstreamError
+from tracerl.gateway.generation import (
+    Completion,
+    EngineUnavailable,
+    UntraceableReply,
+    UpstreamError,
+)
 
 SESSION_PATH = re.compile(r"/s/([^/]*)(/.*)?")
 TOKENS_KEY = web.RequestKey("tokens", tuple)
 """Where a generation leaves (prompt, completion) tokens for the access log."""
+ENGINE_KEY = web.RequestKey("engine", tuple)
+"""Where a generation leaves (engine, attempts), as the pool reported them (for its span)."""
+STREAM_ERROR_KEY = web.RequestKey("stream_error", str)
+"""Why a stream that had answered 200 ended in an error event (for the request's span)."""
+
+
+def note_completion(request: web.Request, completion: Completion) -> None:
+    """What a generation used, for the access log and the request's span."""
+    request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
+    request[ENGINE_KEY] = (completion.served_by, completion.attempts)
 
 
 def normalize_path(path: str) -> str:

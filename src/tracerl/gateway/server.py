@@ -11,10 +11,10 @@ event and no end marker when the engine reply cannot be traced or recording fail
 disconnects mid-stream does not stop the generation: it is drained and recorded with
 `client_disconnected: true`.
 
-One module of ~590 lines: the HTTP surface (auth, sessions, classification, the traced
+One module of ~600 lines: the HTTP surface (auth, sessions, classification, the traced
 generation and its streaming) shares one Gateway's state; the API shapes live in the dialect
-modules, the shared replies (errors, access log) in `replies.py` and the prompt planning in
-`session.py`.
+modules, the shared replies (errors, access log) in `replies.py`, the prompt planning and token
+budget in `session.py` and the request spans (telemetry) in `spans.py`.
 """
 
 from __future__ import annotations
@@ -50,12 +50,13 @@ from tracerl.gateway.parse import parse_output, streamable_prefix
 from tracerl.gateway.render import ChatRenderer, ForcedCall, forced_call
 from tracerl.gateway.replies import (
     SESSION_PATH,
-    TOKENS_KEY,
+    STREAM_ERROR_KEY,
     access_log_middleware,
     classify,
     close_stream,
     error_response,
     normalize_path,
+    note_completion,
     orjson_response,
     read_json,
 )
@@ -65,10 +66,13 @@ from tracerl.gateway.session import (
     Prompt,
     RecordedTurn,
     SessionState,
+    fit_budget,
     plan_prompt,
     with_system_prompt,
 )
+from tracerl.gateway.spans import end_request_span, request_span
 from tracerl.gateway.store import StoreError, TraceStore
+from tracerl.telemetry import Span, Telemetry, valid_traceparent
 from tracerl.trace.schema import Turn
 
 log = logging.getLogger(__name__)
@@ -106,10 +110,12 @@ class Gateway:
         max_model_len: int | None = None,
         max_tokens_policy: str = "cap",
         access_log: bool = False,
+        telemetry: Telemetry | None = None,
     ) -> None:
         """`max_model_len`: the engines' context (the model info's), against which token
         budgets are capped or rejected (`max_tokens_policy`); `access_log`: a line per
-        request on stdout."""
+        request on stdout; `telemetry`: where request spans go (default: off)."""
+        self.telemetry = telemetry or Telemetry()
         self.engine, self.tokenizer, self.store = engine, tokenizer, store
         self.max_model_len, self.max_tokens_policy = max_model_len, max_tokens_policy
         self.access_log = access_log
@@ -163,6 +169,7 @@ class Gateway:
                 record.meta.get("system_prompt"),
                 closed=record.status == "closed",
                 next_index=len(turns),
+                traceparent=record.meta.get("traceparent"),
             )
             if not state.closed:  # closed ones are read from the store when asked for
                 self.sessions[sid] = state
@@ -189,8 +196,10 @@ class Gateway:
             return error_response(OPENAI, 400, "expected a string", "system_prompt")
         sid, key = secrets.token_hex(16), secrets.token_urlsafe(32)
         meta = {"system_prompt": system_prompt, "metadata": body.get("metadata") or {}}
+        if tp := valid_traceparent(body.get("traceparent")):  # the episode's span
+            meta["traceparent"] = tp
         await self.store.create_session(sid, key_hash(key), meta)
-        self.sessions[sid] = SessionState(sid, key_hash(key), system_prompt)
+        self.sessions[sid] = SessionState(sid, key_hash(key), system_prompt, traceparent=tp)
         base = f"{request.scheme}://{request.host}/s/{sid}"
         return web.json_response(
             {
@@ -317,17 +326,21 @@ class Gateway:
         self, request: web.Request, sid: str | None, dialect: Dialect
     ) -> web.StreamResponse:
         self._busy += 1
+        span = await request_span(self.telemetry, request, sid, dialect.endpoint, self._session)
+        response: web.StreamResponse | None = None
         try:
-            return await self._generation(request, sid, dialect)
+            response = await self._generation(request, sid, dialect, span)
         except Exception as e:  # a bug, not a client or engine error: still a native error
             log.exception("generation request failed")
             self.counters["internal_error"] += 1
-            return error_response(dialect, 500, f"internal gateway error: {e!r}")
+            response = error_response(dialect, 500, f"internal gateway error: {e!r}")
         finally:
             self._busy -= 1
+            end_request_span(span, request, response)
+        return response
 
     async def _generation(
-        self, request: web.Request, sid: str | None, dialect: Dialect
+        self, request: web.Request, sid: str | None, dialect: Dialect, span: Span
     ) -> web.StreamResponse:
         body = await read_json(request, dialect)
         if isinstance(body, web.Response):
@@ -359,7 +372,8 @@ class Gateway:
             return error_response(dialect, 404, str(e), "previous_response_id")
         prompt = plan.complete(await self._tokenize(plan.new_text))
         try:
-            self._fit_budget(parsed, len(prompt.ids))
+            if fit_budget(parsed, len(prompt.ids), self.max_model_len, self.max_tokens_policy):
+                self.counters["max_tokens_capped"] += 1
         except BadRequest as e:
             return error_response(dialect, 400, str(e), e.param)
         turn = _PendingTurn(
@@ -375,6 +389,7 @@ class Gateway:
             engine_rid(sid, turn.rid),
             self.eos_ids,
             stream=parsed.stream,
+            traceparent=span.traceparent,
         )
         try:
             first = await anext(items)
@@ -393,7 +408,7 @@ class Gateway:
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
             return self._generation_error(dialect, e)
         assert isinstance(completion, Completion)
-        request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
+        note_completion(request, completion)
         outcome = self._outcome(completion, turn)
         response = self._response(turn, outcome)
         if state is not None:
@@ -454,10 +469,11 @@ class Gateway:
             if status == 500 and not isinstance(e, UntraceableReply):
                 log.exception("streamed generation failed")
             self.counters["generation_failed"] += 1
+            request[STREAM_ERROR_KEY] = message
             await send(writer.error(status, message))
             return await close_stream(resp)
         assert completion is not None
-        request[TOKENS_KEY] = (completion.prompt_tokens, len(completion.ids))
+        note_completion(request, completion)
         outcome = self._outcome(completion, turn)
         content = outcome.parsed.content
         await send(
@@ -466,34 +482,11 @@ class Gateway:
         if turn.state is not None:
             failure = await self._record(turn, outcome, self._response(turn, outcome), gone)
             if failure is not None:
+                request[STREAM_ERROR_KEY] = failure
                 await send(writer.error(500, failure))
                 return await close_stream(resp)
         await send(writer.end())
         return await close_stream(resp)
-
-    def _fit_budget(self, parsed: ApiRequest, prompt_tokens: int) -> None:
-        """Cap (or reject) a token budget beyond the room the context leaves after the prompt;
-        errors name the caller's fields."""
-        if self.max_model_len is None:
-            return
-        room = self.max_model_len - prompt_tokens
-        if room < 1:
-            raise BadRequest(
-                "messages" if parsed.max_tokens_param != "max_output_tokens" else "input",
-                f"the prompt is {prompt_tokens} tokens; the model's context is "
-                f"{self.max_model_len} tokens, which leaves no room for a reply",
-            )
-        asked = parsed.spec.max_new_tokens
-        if asked is None or asked <= room:
-            return
-        if self.max_tokens_policy == "reject":
-            raise BadRequest(
-                parsed.max_tokens_param,
-                f"{asked} tokens do not fit: the prompt is {prompt_tokens} tokens of the "
-                f"model's {self.max_model_len}-token context, which leaves {room}",
-            )
-        parsed.spec.max_new_tokens = room
-        self.counters["max_tokens_capped"] += 1
 
     async def _tokenize(self, text: str) -> list[int]:
         """Tokenize inline when this is the only request (a thread hop would only add latency);

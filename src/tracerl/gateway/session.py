@@ -7,6 +7,8 @@ episode trains on exactly the tokens the model sampled, and the cost of a turn d
 the context. Assistant messages the client echoes back are rendered with the model's raw output
 (tool-call markup as sampled), which is what makes the texts line up.
 
+`fit_budget` fits a request's token budget into the context its prompt leaves.
+
 The state lives in memory; after a gateway restart a session's next turn starts a new trajectory
 (its earlier turns stay recorded).
 """
@@ -18,7 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracerl.gateway.messages import canonical_assistant
+from tracerl.gateway.api import ApiRequest
+from tracerl.gateway.messages import BadRequest, canonical_assistant
 from tracerl.gateway.render import ChatRenderer
 
 # Recorded turns searched for a prefix, newest first; older ones are forks too far back to matter.
@@ -38,6 +41,8 @@ class SessionState:
     key_hash: str
     system_prompt: str | None = None
     closed: bool = False
+    traceparent: str | None = None
+    """The episode's trace context (W3C), parent of its request spans (telemetry on)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     next_index: int = 0
     # Only the candidates `plan_prompt` searches are kept: each holds its whole context's text
@@ -113,3 +118,30 @@ def _as_sampled(message: dict[str, Any], raw: dict[str, str]) -> dict[str, Any]:
     if sampled is None:
         return message
     return {"role": "assistant", "content": sampled}
+
+
+def fit_budget(
+    parsed: ApiRequest, prompt_tokens: int, max_model_len: int | None, policy: str
+) -> bool:
+    """Cap (or reject, `policy`) a token budget beyond the room the context leaves after the
+    prompt; errors name the caller's fields. True when the budget was capped."""
+    if max_model_len is None:
+        return False
+    room = max_model_len - prompt_tokens
+    if room < 1:
+        raise BadRequest(
+            "messages" if parsed.max_tokens_param != "max_output_tokens" else "input",
+            f"the prompt is {prompt_tokens} tokens; the model's context is "
+            f"{max_model_len} tokens, which leaves no room for a reply",
+        )
+    asked = parsed.spec.max_new_tokens
+    if asked is None or asked <= room:
+        return False
+    if policy == "reject":
+        raise BadRequest(
+            parsed.max_tokens_param,
+            f"{asked} tokens do not fit: the prompt is {prompt_tokens} tokens of the "
+            f"model's {max_model_len}-token context, which leaves {room}",
+        )
+    parsed.spec.max_new_tokens = room
+    return True

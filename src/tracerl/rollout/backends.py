@@ -33,6 +33,7 @@ from tracerl.engine.client import EngineClient
 from tracerl.engine.protocol import Engine
 from tracerl.rollout.launcher import EngineLauncher, EngineStartError, ProcessLauncher
 from tracerl.rollout.pool import EnginePool, Member
+from tracerl.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -195,17 +196,20 @@ async def start_pool(
     log_dir: Path,
     pool: PoolConfig,
     launcher_for: LauncherFactory | None = None,
+    telemetry: Telemetry | None = None,
 ) -> EnginePool:
     """A started pool of `config.backend` engines: `config.urls` attached, or `config.count`
     launched serving `model_dir` (by `launcher_for`, e.g. as Ray actors; default: processes of
-    this machine). `ConfigError` if they cannot be reached or started."""
+    this machine). `ConfigError` if they cannot be reached or started. `telemetry`: where its
+    generation spans go (default: off)."""
     timeout = pool.request_timeout_s
 
     def make(url: str) -> Engine:
         return client_for(config, url, timeout)
 
     if config.urls:
-        engines = EnginePool([Member(url, make(url)) for url in config.urls], pool, make)
+        members = [Member(url, make(url)) for url in config.urls]
+        engines = EnginePool(members, pool, make, telemetry)
         for member in engines.members:
             try:
                 await member.engine.model_info()
@@ -225,7 +229,9 @@ async def start_pool(
         launchers = [launcher_for(i, make) for i in range(config.count)]
         log.info("launching %d %s engine(s) serving %s", config.count, config.backend, model_dir)
         try:
-            engines = await EnginePool.launch(launchers, config=pool, client=make)
+            engines = await EnginePool.launch(
+                launchers, config=pool, client=make, telemetry=telemetry
+            )
         except EngineStartError as e:
             raise ConfigError(
                 f"engine.backend = {config.backend!r}: {e}\n(is the model one "

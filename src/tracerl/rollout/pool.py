@@ -18,8 +18,9 @@ or talks nonsense costs time, never a sample.
   A launcher with `load_weights(path, version)` (a Ray actor) delivers weights to its engine
   itself, for syncs and for a restarted engine alike.
 
-One module of ~570 lines: routing, health checks, fail-over with resume, restarts and weight
-sync all read and change the same members' state on one event loop.
+One module of ~590 lines (its `engine.generate` spans are in `spans.py`): routing, health
+checks, fail-over with resume, restarts and weight sync all read and change the same members'
+state on one event loop.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ from tracerl.engine.types import (
     WeightLoadError,
 )
 from tracerl.rollout.launcher import STOP_GRACE_S, EngineLauncher
+from tracerl.rollout.spans import traced_generation
+from tracerl.telemetry import INERT_SPAN, Span, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +100,11 @@ class EnginePool:
         members: list[Member],
         config: PoolConfig | None = None,
         client: ClientFactory | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
-        """`client`: how a restarted launched engine is reached (default `EngineClient`)."""
+        """`client`: how a restarted launched engine is reached (default `EngineClient`);
+        `telemetry`: where `engine.generate` spans go (default: off)."""
+        self.telemetry = telemetry or Telemetry()
         if not members:
             raise ValueError("an engine pool needs at least one engine")
         self.members = members
@@ -125,6 +131,7 @@ class EnginePool:
         externals: Sequence[str] = (),
         config: PoolConfig | None = None,
         client: ClientFactory | None = None,
+        telemetry: Telemetry | None = None,
     ) -> EnginePool:
         """A pool of launched engines (started now) plus engines others run (by URL). If one
         fails to start, the others are stopped and the error is raised."""
@@ -142,7 +149,7 @@ class EnginePool:
             for i, (url, launcher) in enumerate(zip(started, launchers, strict=True))
         ]
         members += [Member(url, make(url)) for url in externals]
-        return cls(members, config, make)
+        return cls(members, config, make, telemetry)
 
     async def start(self) -> None:
         if self._health_task is None:
@@ -241,15 +248,20 @@ class EnginePool:
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         return await collect(self.generate_stream(request))
 
-    async def generate_stream(
-        self, request: GenerateRequest
+    def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
+        if not self.telemetry.enabled:
+            return self._generate_stream(request, INERT_SPAN)
+        return traced_generation(self.telemetry, request, self._generate_stream)
+
+    async def _generate_stream(
+        self, request: GenerateRequest, span: Span
     ) -> AsyncGenerator[GenerateOutput, None]:
         key = affinity_key(request.rid)
         progress = _Progress()
         failed_on: set[str] = set()
         reasons: list[str] = []
         budget = request.sampling_params.max_new_tokens
-        attempts = 0
+        attempts = aborts = 0
         while True:
             await self._admission.wait()
             remaining = None if budget is None else budget - len(progress.ids)
@@ -263,9 +275,11 @@ class EnginePool:
                 )
             attempts += 1
             member = await self._pick(key, failed_on)
+            span.update({"tracerl.engine.id": member.name, "tracerl.pool.attempts": attempts})
             attempt = self._resumed(request, progress, attempts, remaining)
             if attempts > 1:
                 self.counters["resumes" if progress.ids else "retries"] += 1
+                span.set("tracerl.pool.failed_on", ", ".join(sorted(failed_on)))
             finish = None
             member.inflight += 1
             try:
@@ -294,6 +308,7 @@ class EnginePool:
                                 break
                             chunk.finish_reason = None  # its tokens are: passed on as sampled
                         chunk.rid = request.rid
+                        chunk.served_by, chunk.attempts = member.name, attempts
                         chunk.prompt_tokens = len(request.input_ids)
                         chunk.completion_tokens = len(progress.ids)
                         if progress.oldest is not None and progress.oldest != chunk.weight_version:
@@ -318,6 +333,8 @@ class EnginePool:
             self._mark(member, True)
             if finish == "abort":
                 self.counters["aborted_resumed"] += 1
+                aborts += 1
+                span.set("tracerl.pool.aborts_resumed", aborts)
                 attempts -= 1  # an abort (weight sync) is not a failed attempt
                 continue
             return

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tracerl.cluster.weights import WeightsChannel
     from tracerl.rollout.pool import EnginePool
     from tracerl.run.trainers import AnyTrainer
+    from tracerl.telemetry import Telemetry
 
 
 def served(config: TrainCommandConfig, given: dict[str, Any] | None) -> bool:
@@ -62,9 +63,11 @@ async def start(
     run_dir: Path,
     step: int,
     closers: list[Any],
+    telemetry: Telemetry | None = None,
 ) -> EnginePool:
     """The started pool over the run's engines, on the weights of `step` (0: the base model);
-    what must be closed at the end is appended to `closers`."""
+    what must be closed at the end is appended to `closers`; `telemetry`: where its generation
+    spans go."""
     from tracerl.rollout.pool import EnginePool, Member
 
     if served(config, given):
@@ -87,7 +90,7 @@ async def start(
                     config.engine, cluster.engines, base, log_path, i, cluster.bind, channel
                 )
 
-        pool = await start_pool(config.engine, base, logs, config.pool, launcher_for)
+        pool = await start_pool(config.engine, base, logs, config.pool, launcher_for, telemetry)
         closers.append(pool.close)
         if step and not from_disk:
             await push(pool, trainer, run_dir, step, servers=True)
@@ -100,7 +103,7 @@ async def start(
         closers.append(engine.close)
         if step:  # engines start from the base weights: give them the trained ones
             await engine.update_weights(trainer.actor_named_tensors(), step)
-    pool = EnginePool([Member(n, e) for n, e in engines.items()], config.pool)
+    pool = EnginePool([Member(n, e) for n, e in engines.items()], config.pool, telemetry=telemetry)
     await pool.start()
     closers.append(pool.close)
     return pool

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tracerl.gateway.store import TraceStore
     from tracerl.rollout.pool import EnginePool
     from tracerl.run.rollouts import Player
+    from tracerl.telemetry import Telemetry
 
 
 @dataclass
@@ -41,9 +42,16 @@ class Gateways:
 
 
 async def start(
-    config: TrainCommandConfig, pool: EnginePool, tokenizer: Any, run_dir: Path, closers: list[Any]
+    config: TrainCommandConfig,
+    pool: EnginePool,
+    tokenizer: Any,
+    run_dir: Path,
+    closers: list[Any],
+    telemetry: Telemetry | None = None,
 ) -> Gateways:
-    """The run's store and gateways, serving; what must be closed goes on `closers`."""
+    """The run's store and gateways, serving; what must be closed goes on `closers`;
+    `telemetry`: where a gateway in this process sends its request spans (actors build their
+    own from `config.telemetry`)."""
     from tracerl.gateway.store import open_store
 
     where = config.trace_store or str(run_dir / "traces.sqlite")
@@ -64,6 +72,7 @@ async def start(
         eos_ids=set(info.get("eos_token_ids") or [tokenizer.eos_token_id]),
         system_prompt=config.system_prompt,
         max_model_len=info.get("max_model_len"),
+        telemetry=telemetry,
     )
     bind = cluster.bind if cluster.backend == "ray" else "127.0.0.1"
     runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)
@@ -91,6 +100,7 @@ async def _actors(
         admin_key,
         config.system_prompt,
         cluster.bind,
+        config.telemetry,
     )
     follow = asyncio.create_task(
         actors.follow(lambda: engine_urls(pool), config.pool.health_interval_s)

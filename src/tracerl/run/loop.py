@@ -32,10 +32,10 @@ Checkpoints are written before a step's metrics line, so a logged step always ha
 `metrics.jsonl`), and never a committed trace. Ctrl-C (SIGINT/SIGTERM) stops admissions, cancels
 the episodes in flight, checkpoints the last finished step, and closes engines and the store.
 
-One module of ~590 lines: start-up, feeder, steps and shutdown share one state (events,
+One module of ~600 lines: start-up, feeder, steps and shutdown share one state (events,
 counters, the group buffer, the parts built at start-up); the episodes' side is in
 `rollouts.py`, evals in `evals.py`, and the trainer, engines and gateways it starts in
-`trainers.py`, `engines.py` and `gateways.py`.
+`trainers.py`, `engines.py` and `gateways.py`, its spans (`[telemetry]`) in `spans.py`.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ from tracerl.run import engines, gateways, trainers
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout, env_metrics
+from tracerl.run.spans import record_step
+from tracerl.telemetry import Telemetry, start_telemetry
 from tracerl.trace.versions import oldest_trainable, staleness
 
 if TYPE_CHECKING:  # torch and the servers load in _start, after the config is checked
@@ -112,7 +114,9 @@ class RLLoop:
     # Built by `_start`, in this order (each part needs the ones before it, and a running
     # event loop): the trainer, the engines behind the pool, the store and the gateway, the
     # episodes' side (environment, datasets, runner, group buffer), the dispatcher with the
-    # controller and the metrics collector, and the logs with the evals.
+    # controller and the metrics collector, and the logs with the evals. Telemetry comes first
+    # and closes last, so every span the others end is flushed.
+    telemetry: Telemetry
     trainer: AnyTrainer
     pool: EnginePool
     gateways: Gateways
@@ -133,12 +137,15 @@ class RLLoop:
     evals: Evals
 
     async def _start(self) -> None:
+        self.telemetry = start_telemetry(self.config.telemetry)
+        self.closers.append(self.telemetry.close)
         trainers.connect(self.config, self.closers)  # Ray, when placed there: nothing runs yet
         self.trainer = await asyncio.to_thread(trainers.build, self.config, self.closers)
         loop_state = await self._resume() if self.resume else {}
         self.pool = await engines.start(
-            self.config, self._given_engines, self.trainer, self.run_dir, self.step, self.closers
-        )
+            self.config, self._given_engines, self.trainer, self.run_dir, self.step, self.closers,
+            self.telemetry,
+        )  # fmt: skip
         self._record_cluster()
         await self._start_gateway()
         self._start_episodes(loop_state)
@@ -177,8 +184,9 @@ class RLLoop:
 
     async def _start_gateway(self) -> None:
         self.gateways = await gateways.start(
-            self.config, self.pool, self.trainer.tokenizer, self.run_dir, self.closers
-        )
+            self.config, self.pool, self.trainer.tokenizer, self.run_dir, self.closers,
+            self.telemetry,
+        )  # fmt: skip
         self.store = self.gateways.store
         self.player, self.agent_workers = await gateways.players(self.config, self.closers)
 
@@ -199,6 +207,7 @@ class RLLoop:
             timeout_s=c.loop.episode_timeout_s,
             model=c.trainer.model,
             player=self.player,
+            telemetry=self.telemetry,
         )
         self.closers.append(self.runner.close)
         ppo = c.trainer.algorithm == "ppo"
@@ -449,6 +458,8 @@ class RLLoop:
                 **env_metrics(rollouts),
             }
         )
+        phases = {"train.wait_rollouts": (waited, wait_s), "train.update": (started, train_s)}
+        record_step(self.telemetry, step, {**phases, "weight_sync": (synced, sync_s)}, record)
         return record
 
     def _pause_engines_while_training(self) -> bool:

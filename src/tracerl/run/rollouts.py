@@ -9,7 +9,8 @@ turn; one that cannot be reached is left out from then on. An episode whose agen
 lost (`PlayerLost`) is played again once, in a new session. Every recorded trajectory of the
 session becomes a `TrainSample` carrying the episode's reward, the group id and the oldest
 weight version among its turns. Failed episodes come back as records with their reason and no
-samples.
+samples. Each episode is an `episode` span (telemetry on; `tracerl.run.spans`), whose context
+the session carries to the gateway (its requests' parent) and to external agents (`TRACEPARENT`).
 
 `GroupBuffer` gathers the k episodes of each prompt; a group is ready when all of them ended.
 Failed episodes are dropped from their group (counted); a group left with fewer than
@@ -33,6 +34,8 @@ import aiohttp
 from tracerl.envs import Environment, EpisodeResult, Session, Task, run_episode, score_trace
 from tracerl.envs.episode import PlayerLost
 from tracerl.gateway.store import TraceStore
+from tracerl.run.spans import episode_attributes
+from tracerl.telemetry import AttributeValue, Span, Telemetry
 from tracerl.trace.schema import SessionTrace
 from tracerl.trace.versions import oldest_version
 from tracerl.train.batch import TrainSample
@@ -117,8 +120,11 @@ class EpisodeRunner:
         timeout_s: float,
         model: str = "policy",
         player: Player | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
-        """`player`: where episodes are played (default: in this process)."""
+        """`player`: where episodes are played (default: in this process); `telemetry`: where
+        episode spans go (default: off)."""
+        self.telemetry = telemetry or Telemetry()
         self.env = env
         self.gateway_urls = list(gateway_urls)
         self.store = store
@@ -147,10 +153,14 @@ class EpisodeRunner:
                 raise RuntimeError(f"gateway {url}{path} answered {resp.status}: {payload}")
             return payload
 
-    async def _open(self, group: int, kind: str) -> tuple[str, dict[str, Any]]:
+    async def _open(
+        self, group: int, kind: str, traceparent: str | None
+    ) -> tuple[str, dict[str, Any]]:
         """A new session on the next gateway in turn: its URL and `POST /sessions` reply. A
         gateway that cannot be reached is left out (while another remains)."""
-        body = {"metadata": {"group": group, "kind": kind}}
+        body: dict[str, Any] = {"metadata": {"group": group, "kind": kind}}
+        if traceparent is not None:  # the episode's span: parent of the session's requests
+            body["traceparent"] = traceparent
         while True:
             url = self.gateway_urls[self._next % len(self.gateway_urls)]
             self._next += 1
@@ -165,9 +175,31 @@ class EpisodeRunner:
 
     async def run(self, task: Task, group: int, kind: str, sampling: dict[str, Any]) -> Rollout:
         """Play one episode; `sampling` overrides the environment's (a seed, eval settings)."""
+        attributes: dict[str, AttributeValue | None] = {
+            "tracerl.env.name": self.env.name,
+            "tracerl.episode.group": group,
+        }
+        with self.telemetry.span("episode", attributes=attributes) as span:
+            rollout = await self._run(task, group, kind, sampling, span)
+            span.update(episode_attributes(rollout))
+            if rollout.result.failed:
+                span.fail(rollout.result.reason or "failed")
+        return rollout
+
+    async def _run(
+        self,
+        task: Task,
+        group: int,
+        kind: str,
+        sampling: dict[str, Any],
+        span: Span,
+    ) -> Rollout:
         for attempt in range(REPLAYS + 1):
-            url, reply = await self._open(group, kind)
-            session = Session.from_gateway(reply, model=self.model, sampling=sampling)
+            url, reply = await self._open(group, kind, span.traceparent)
+            session = Session.from_gateway(
+                reply, model=self.model, sampling=sampling, traceparent=span.traceparent
+            )
+            span.set("tracerl.session.id", session.session_id)  # a cancelled episode's too
             try:
                 result = await self._player(task, session, self.timeout_s)
                 break

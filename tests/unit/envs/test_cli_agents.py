@@ -4,6 +4,7 @@ files, the check as reward, and a failing CLI's output kept as its error (or its
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,27 @@ async def test_a_failed_check_is_reward_zero_and_a_failing_cli_says_why(
     assert result.failed and "no check and no reward_fn" in (result.reason or "")
     with pytest.raises(ConfigError, match="sandbox"):
         make_environment({"name": "codex", "sandbox": "none"})
+
+
+@pytest.mark.parametrize("name", ["claude-code", "codex", "command"])
+@pytest.mark.parametrize("traced", [True, False])
+async def test_the_episode_s_trace_context_reaches_the_agent_as_traceparent(
+    tmp_path: Path, cli: Path, name: str, traced: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With telemetry on the session carries the episode's span: the agent gets it as
+    TRACEPARENT; off, none is set."""
+    monkeypatch.delenv("TRACEPARENT", raising=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    session = replace(SESSION, traceparent=traceparent if traced else None)
+    if name == "command":
+        env = make_environment({"name": name, "argv": [str(cli)], "env": {"OUT": str(out)}})
+        seen = env.agent_env(session)  # type: ignore[attr-defined]
+    else:
+        config = {"name": name, "executable": str(cli), "env": {"OUT": str(out)}}
+        env = make_environment({**config, "check": "true"})
+        assert (await run_episode(env, {"prompt": "p"}, session, 30)).reward == 1.0
+        lines = (out / "env").read_text().splitlines()
+        seen = dict(line.split("=", 1) for line in lines if "=" in line)
+    assert seen.get("TRACEPARENT") == (traceparent if traced else None)
