@@ -59,6 +59,7 @@ from tracerl.control.controller import ConcurrencyController, Kind
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, Finished
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
 from tracerl.run import engines, gateways, trainers
+from tracerl.run.episode_log import EpisodeLog
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout, env_metrics
@@ -129,6 +130,7 @@ class RLLoop:
     controller: ConcurrencyController
     collector: MetricsCollector
     metrics: MetricsLog
+    episode_log: EpisodeLog
     progress: Progress
     evals: Evals
 
@@ -141,6 +143,8 @@ class RLLoop:
         )
         self._record_cluster()
         await self._start_gateway()
+        self.episode_log = EpisodeLog(self.run_dir)  # for `tracerl view`
+        self.closers.append(self.episode_log.close)
         self._start_episodes(loop_state)
         await self._start_control(loop_state)
         c = self.config
@@ -269,6 +273,7 @@ class RLLoop:
         else:
             rollout = result.value
         self._tokens += rollout.tokens
+        self.episode_log.record(rollout, ep.episode_id, self.step, ep.env)
         if rollout.result.failed:
             self._record_failure(rollout, ep.episode_id)
         if kind == "eval":
