@@ -24,6 +24,7 @@ from tracerl.config.gateway import GatewayCommandConfig, GatewayConfig, ServeCon
 from tracerl.config.pool import PoolConfig
 from tracerl.config.run import LoggingConfig, LoopConfig, TrainCommandConfig
 from tracerl.config.train import TrainerConfig
+from tracerl.config.view import ViewConfig
 
 __all__ = [
     "ConcurrencyConfig",
@@ -43,6 +44,7 @@ __all__ = [
     "SimFaults",
     "TrainCommandConfig",
     "TrainerConfig",
+    "ViewConfig",
     "field_help",
     "load_config",
     "parse_overrides",
