@@ -283,6 +283,17 @@ class SessionSummary:
     created: float
 
 
+SUMMARY_SQL = (
+    "SELECT s.id, s.status, s.created, "
+    "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id) FROM sessions s"
+)
+"""A session's summary; its turns are counted on the turns table's primary key."""
+
+
+def _summary(row: tuple[Any, ...]) -> SessionSummary:
+    return SessionSummary(row[0], row[1], int(row[3]), float(row[2]))
+
+
 class StoreReader:
     """`traces.sqlite`, opened read-only for each read (a new connection costs well under a
     millisecond, and sees the file even when it appeared after the viewer started)."""
@@ -322,25 +333,17 @@ class StoreReader:
         if not session_ids:
             return {}
         marks = ",".join("?" * len(session_ids))
-        rows = self._read(
-            "SELECT s.id, s.status, s.created, "
-            "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id) "
-            f"FROM sessions s WHERE s.id IN ({marks})",
-            session_ids,
-        )
-        return {r[0]: SessionSummary(r[0], r[1], int(r[3]), float(r[2])) for r in rows}
+        rows = self._read(f"{SUMMARY_SQL} WHERE s.id IN ({marks})", session_ids)
+        return {r[0]: _summary(r) for r in rows}
 
     def recent_sessions(self, page: int, size: int) -> tuple[int, list[SessionSummary]]:
         """A store without `episodes.jsonl` (a `tracerl serve` capture): its sessions, newest
         first, a page at a time."""
         total = int(self._read("SELECT COUNT(*) FROM sessions")[0][0])
         rows = self._read(
-            "SELECT s.id, s.status, s.created, "
-            "(SELECT COUNT(*) FROM turns t WHERE t.session_id = s.id) "
-            "FROM sessions s ORDER BY s.rowid DESC LIMIT ? OFFSET ?",
-            (size, page * size),
+            f"{SUMMARY_SQL} ORDER BY s.rowid DESC LIMIT ? OFFSET ?", (size, page * size)
         )
-        return total, [SessionSummary(r[0], r[1], int(r[3]), float(r[2])) for r in rows]
+        return total, [_summary(r) for r in rows]
 
     def trace(self, session_id: str) -> SessionTrace | None:
         """The session as `GET /sessions/{id}` gives it (the trace schema); None if unknown."""

@@ -42,8 +42,6 @@ class Viewer:
         self.config = config
         self.reader = RunReader(Path(config.run_dir))
         self.tokens: TokenText | None = None
-        self._lock = asyncio.Lock()
-        """One refresh at a time: the index is appended to in place."""
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._auth, self._errors])
@@ -102,10 +100,11 @@ class Viewer:
     def _html(self, text: str, status: int = 200) -> web.Response:
         return web.Response(text=text, status=status, content_type="text/html")
 
-    async def _fresh(self) -> str | None:
-        """Pick up the run's new lines; why there is nothing to show, or None."""
-        async with self._lock:
-            await asyncio.to_thread(self.reader.refresh)
+    def _fresh(self) -> str | None:
+        """Pick up the run's new lines; why there is nothing to show, or None. On the event
+        loop, so no request sees the index half-appended: it reads only what was appended
+        (a 100k-line `episodes.jsonl` is read, not parsed, at the first request)."""
+        self.reader.refresh()
         return self.reader.missing()
 
     def _curl(self, request: web.Request, sid: str) -> str:
@@ -115,7 +114,7 @@ class Viewer:
     # ---------------------------------------------------------------------- pages
 
     async def run_page(self, request: web.Request) -> web.Response:
-        missing = await self._fresh()
+        missing = self._fresh()
         if missing:
             return self._html(pages.message_page("no run", missing, self._refresh))
         notes = self.reader.metrics.problems()
@@ -145,7 +144,7 @@ class Viewer:
         return pages.episode_table(total, page, size, query, cells), notes
 
     async def episodes(self, request: web.Request) -> web.Response:
-        missing = await self._fresh()
+        missing = self._fresh()
         if missing:
             return self._html(pages.message_page("episodes", missing, self._refresh))
         table, notes = await self._episode_table(request)
@@ -159,14 +158,14 @@ class Viewer:
         )
 
     async def episode_rows(self, request: web.Request) -> web.Response:
-        missing = await self._fresh()
+        missing = self._fresh()
         if missing:
             raise RunUnreadable(missing)
         table, _ = await self._episode_table(request)
         return self._html(table)
 
     async def group(self, request: web.Request) -> web.Response:
-        missing = await self._fresh()
+        missing = self._fresh()
         if missing:
             return self._html(pages.message_page("group", missing, self._refresh))
         try:
@@ -193,7 +192,7 @@ class Viewer:
         return trace, pages.session_body(trace, view, self.tokens.problem)
 
     async def session(self, request: web.Request) -> web.Response:
-        missing = await self._fresh()
+        missing = self._fresh()
         if missing:
             return self._html(pages.message_page("session", missing, self._refresh))
         sid = request.match_info["sid"]
@@ -207,7 +206,7 @@ class Viewer:
         )
 
     async def session_live(self, request: web.Request) -> web.Response:
-        missing = await self._fresh()
+        missing = self._fresh()
         if missing:
             raise RunUnreadable(missing)
         _, body = await self._session_parts(request.match_info["sid"])
@@ -219,14 +218,14 @@ class Viewer:
     # ---------------------------------------------------------------------- JSON
 
     async def metrics(self, request: web.Request) -> web.Response:
-        missing = await self._fresh()
+        missing = self._fresh()
         if missing:
             raise RunUnreadable(missing)
         series = self.reader.metrics
         return web.json_response({"records": series.records, "problems": series.problems()})
 
     async def export(self, request: web.Request) -> web.Response:
-        missing = await self._fresh()
+        missing = self._fresh()
         if missing:
             raise RunUnreadable(missing)
         sid = request.match_info["sid"]
