@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-ray test-postgres test-compat
+.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-ray test-postgres test-compat \
+	test-browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +81,20 @@ $(COMPAT_STAMP):
 
 test-compat: $(STAMP) $(COMPAT_STAMP)
 	$(BIN)/python -m pytest -q -m compat tests/integration/test_agents_compat.py
+
+# The trace viewer (`tracerl view`) in a real browser: Debian's chromium (installed here if
+# missing) driven by Playwright's Python package (the [browser] extra), pointed at that browser;
+# Playwright's own browser download is never used. Screenshots land in test-artifacts/browser.
+BROWSER_STAMP := $(VENV)/.browser-installed
+
+$(BROWSER_STAMP): $(STAMP)
+	command -v chromium >/dev/null 2>&1 || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+	$(BIN)/pip install --quiet -e '.[browser]'
+	touch $(BROWSER_STAMP)
+
+test-browser: $(STAMP) $(BROWSER_STAMP)
+	$(BIN)/python -m pytest -q -m browser tests/browser
 
 # The main job: GRPO on SmolLM2-135M-Instruct on this CPU (a new run directory each time).
 demo: $(STAMP)

@@ -76,6 +76,12 @@ async def test_grpo_steps_record_traces_checkpoint_and_resume(tmp_path: Path) ->
     assert (run_dir / "checkpoints" / "step_00000002").is_dir()
     recorded = sessions(run_dir)
     assert recorded >= 16  # two steps of 8 episodes, each a gateway session
+    # every ended episode has its line for `tracerl view`, naming a session of the store
+    lines = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert len(lines) >= 16 and {line["step"] for line in lines} >= {0, 1}
+    with sqlite3.connect(run_dir / "traces.sqlite") as db:
+        stored = {row[0] for row in db.execute("SELECT id FROM sessions")}
+    assert {line["session_id"] for line in lines} <= stored
     store = SQLiteTraceStore(run_dir / "traces.sqlite")
     try:
         trace = await store.trace(await _any_session(run_dir))

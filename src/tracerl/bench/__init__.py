@@ -22,6 +22,7 @@ BENCHMARKS = {
     "step": "tracerl.bench.step",
     "scale": "tracerl.bench.scale",
     "store": "tracerl.bench.store",
+    "view": "tracerl.bench.view",
 }
 
 VLLM_VARIANTS = {"engine": "tracerl.bench.engine_vllm", "gateway": "tracerl.bench.gateway_vllm"}

@@ -15,6 +15,7 @@ from tracerl.config import (
     GatewayCommandConfig,
     ServeConfig,
     TrainCommandConfig,
+    ViewConfig,
     field_help,
     load_config,
     save_resolved_config,
@@ -127,6 +128,18 @@ def _cmd_plot(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+def _cmd_view(args: argparse.Namespace, overrides: list[str]) -> int:
+    base: dict[str, object] = {"run_dir": args.run_dir}
+    _set(base, "host", args.host)
+    _set(base, "port", args.port)
+    _set(base, "admin_key", args.admin_key)
+    _set(base, "refresh_s", args.refresh_s)
+    config = load_config(ViewConfig, args.config, overrides, base)
+    from tracerl.cli.view import run_view
+
+    return run_view(config)
+
+
 def _cmd_cluster(args: argparse.Namespace, overrides: list[str]) -> int:
     if overrides:
         raise ConfigError(f"cluster status takes no overrides, got {overrides}")
@@ -224,6 +237,26 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="PNG charts of a run (reward, losses, KL, throughput)")
     plot.add_argument("run_dir", help="a run directory with metrics.jsonl")
     plot.set_defaults(func=_cmd_plot)
+
+    view = sub.add_parser(
+        "view",
+        help="the trace viewer: a read-only web page over a run directory",
+        description="Serve a web page over RUN_DIR, read while a run writes it: the metric "
+        "charts, the episodes (filter by step, weight version, env, group, reward, failure), "
+        "a group's samples side by side, and each session's turns and tokens (sampled or "
+        "context, log-prob as colour). Binds 127.0.0.1; another interface needs --admin-key.",
+        epilog=_config_epilog(ViewConfig),
+        formatter_class=fmt,
+    )
+    view.add_argument("run_dir", help="a run directory (traces.sqlite, metrics.jsonl, ...)")
+    view.add_argument("--config", help="TOML file with view settings")
+    view.add_argument("--host", help="interface to bind (default 127.0.0.1)")
+    view.add_argument("--port", type=int, help="TCP port (default 8300; 0 picks a free one)")
+    view.add_argument("--admin-key", help="key every request must carry (needed off loopback)")
+    view.add_argument(
+        "--refresh-s", type=float, help="seconds between the open page's checks (default 2)"
+    )
+    view.set_defaults(func=_cmd_view)
 
     cluster = sub.add_parser("cluster", help="what a run's trainer ranks and engines run on")
     cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True)

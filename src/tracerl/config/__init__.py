@@ -25,6 +25,7 @@ from tracerl.config.pool import PoolConfig
 from tracerl.config.run import LoggingConfig, LoopConfig, TrainCommandConfig
 from tracerl.config.telemetry import TelemetryConfig
 from tracerl.config.train import TrainerConfig
+from tracerl.config.view import ViewConfig
 
 __all__ = [
     "ConcurrencyConfig",
@@ -45,6 +46,7 @@ __all__ = [
     "TelemetryConfig",
     "TrainCommandConfig",
     "TrainerConfig",
+    "ViewConfig",
     "field_help",
     "load_config",
     "parse_overrides",

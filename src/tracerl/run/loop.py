@@ -32,10 +32,11 @@ Checkpoints are written before a step's metrics line, so a logged step always ha
 `metrics.jsonl`), and never a committed trace. Ctrl-C (SIGINT/SIGTERM) stops admissions, cancels
 the episodes in flight, checkpoints the last finished step, and closes engines and the store.
 
-One module of ~600 lines: start-up, feeder, steps and shutdown share one state (events,
+One module of ~590 lines: start-up, feeder, steps and shutdown share one state (events,
 counters, the group buffer, the parts built at start-up); the episodes' side is in
-`rollouts.py`, evals in `evals.py`, and the trainer, engines and gateways it starts in
-`trainers.py`, `engines.py` and `gateways.py`, its spans (`[telemetry]`) in `spans.py`.
+`rollouts.py`, evals in `evals.py`, the trainer, engines and gateways it starts in
+`trainers.py`, `engines.py` and `gateways.py`, its spans (`[telemetry]`) in `spans.py`, and
+the episode records (`episodes.jsonl`, `episodes_failed.jsonl`) in `episode_log.py`.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from tracerl.control.controller import ConcurrencyController, Kind
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, Finished
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
 from tracerl.run import engines, gateways, trainers
+from tracerl.run.episode_log import EpisodeLog
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout, env_metrics
@@ -133,6 +135,7 @@ class RLLoop:
     controller: ConcurrencyController
     collector: MetricsCollector
     metrics: MetricsLog
+    episode_log: EpisodeLog
     progress: Progress
     evals: Evals
 
@@ -148,6 +151,8 @@ class RLLoop:
         )  # fmt: skip
         self._record_cluster()
         await self._start_gateway()
+        self.episode_log = EpisodeLog(self.run_dir)  # for `tracerl view`
+        self.closers.append(self.episode_log.close)
         self._start_episodes(loop_state)
         await self._start_control(loop_state)
         c = self.config
@@ -278,8 +283,7 @@ class RLLoop:
         else:
             rollout = result.value
         self._tokens += rollout.tokens
-        if rollout.result.failed:
-            self._record_failure(rollout, ep.episode_id)
+        self.episode_log.record(rollout, ep.episode_id, self.step, ep.env)
         if kind == "eval":
             self.evals.record(group, rollout)
             return
@@ -288,20 +292,6 @@ class RLLoop:
         if len(self.buffer.ready) > before:
             self._ready.set()
         self._room.set()
-
-    def _record_failure(self, rollout: Rollout, episode_id: str) -> None:
-        """Failed episodes never reach the trainer; each is kept, with its reason, in
-        RUN_DIR/episodes_failed.jsonl (its session's turns are in the trace store)."""
-        record = {
-            "step": self.step,
-            "episode": episode_id,
-            "kind": rollout.kind,
-            "session_id": rollout.session_id,
-            "reason": rollout.result.reason,
-            "duration_s": round(rollout.result.duration_s, 3),
-        }
-        with (self.run_dir / "episodes_failed.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
 
     def _record_group(self, group: Group, outcome: str, step: int | None = None) -> None:
         """One line per ended group in RUN_DIR/groups.jsonl: the step that trained on it, or
