@@ -97,7 +97,8 @@ async def write_sessions(store_path: Path) -> dict[str, list[Turn]]:
 
 
 def write_episodes(run_dir: Path) -> None:
-    """Group 0: s-tools, s-fork, s-anthropic (rewards 1, 0, 0.5); s-empty failed in group 1."""
+    """Group 0: s-tools, s-fork, s-anthropic (rewards 1, 0, 0.5), trained at step 3; s-empty
+    failed in group 1."""
     log = EpisodeLog(run_dir)
     rewards = {"s-tools": 1.0, "s-fork": 0.0, "s-anthropic": 0.5}
     for k, (sid, reward) in enumerate(rewards.items()):
@@ -105,11 +106,10 @@ def write_episodes(run_dir: Path) -> None:
         log.record(rollout, f"g0-{k}", step=k, env="calculator")
     failed = Rollout(1, "train", EpisodeResult(None, failed=True, reason="timeout after 5 s"),
                      session_id="s-empty")  # fmt: skip
-    log.record(failed, "g1-0", step=2, env="calculator")
+    log.record(failed, "g1-0", step=2, env="calculator")  # and in episodes_failed.jsonl
     log.close()
-    line = {"step": 2, "episode": "g1-0", "kind": "train", "session_id": "s-empty",
-            "reason": "timeout after 5 s", "duration_s": 5.0}  # fmt: skip
-    (run_dir / "episodes_failed.jsonl").write_text(json.dumps(line) + "\n")
+    line = {"group": 0, "outcome": "trained", "step": 3, "rewards": list(rewards.values())}
+    (run_dir / "groups.jsonl").write_text(json.dumps(line) + "\n")  # group 1 never ended
 
 
 async def make_run(run_dir: Path, torn_metrics: bool = False) -> dict[str, list[Turn]]:

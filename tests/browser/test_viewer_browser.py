@@ -135,8 +135,18 @@ def test_the_viewer_in_chromium(run_dir: Path, viewer: str, page: Any) -> None:
     assert "could not be loaded" not in tab.content()  # the tiny model's tokenizer gave text
     shot(tab, "session")
 
-    tab.locator("a[href^='/groups/']").first.click()
+    # the newest episode's group may have been cut short by the run's end: it shows what ended
+    link = tab.locator("a[href^='/groups/']").first
+    group = int((link.get_attribute("href") or "").rsplit("/", 1)[1])
+    link.click()
+    tab.wait_for_selector(".samples")
+    ended = [e for e in listed if e["group"] == group]
+    assert tab.locator(".sample").count() == len(ended)
+    trained = [json.loads(line)["group"] for line in (run_dir / "groups.jsonl").open()
+               if json.loads(line)["outcome"] == "trained"]  # fmt: skip
+    tab.goto(f"{viewer}groups/{trained[0]}")
     tab.wait_for_selector(".samples")
     assert tab.locator(".sample").count() == 4  # examples/tiny.toml: groups of 4
+    assert tab.locator(".group-outcome").inner_text().startswith("trained at step ")
     shot(tab, "group")
     assert errors == []

@@ -77,6 +77,9 @@ async def test_pages_of_a_run(tmp_path: Path, view: Any) -> None:
     # grpo over rewards 1, 0, 0.5: mean 0.5, population std sqrt(1/6) = 0.408
     assert "advantage <b>1.225</b>" in page and "advantage <b>-1.225</b>" in page
     assert "advantage <b>0.000</b>" in page and "question 0" in page
+    assert "trained at step 3" in page
+    status, page = await get("/groups/1")
+    assert status == 200 and "not ended: its episodes are still playing" in page
 
     status, page = await get("/sessions/s-tools")
     assert status == 200 and "turns (2)" in page

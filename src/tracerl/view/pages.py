@@ -199,6 +199,7 @@ def group_page(
     advantages: dict[str, float | None],
     advantage_note: str,
     traces: dict[str, SessionTrace | None],
+    ended: dict[str, Any] | None,
     refresh_s: float,
 ) -> str:
     if not members:
@@ -222,10 +223,20 @@ def group_page(
             f"version {_number(row.get('version'))} {outcome}</p>{reply}</div>"
         )
     body = (
+        f"<p class=group-outcome>{escape(_group_outcome(ended))}</p>"
         f"<p class=muted>{escape(advantage_note)}</p><h2>prompt</h2>{prompt}"
         f"<h2>{len(members)} samples</h2><div class=samples>{''.join(cards)}</div>"
     )
     return layout(f"group {group}", body, refresh_s)
+
+
+def _group_outcome(ended: dict[str, Any] | None) -> str:
+    """What became of a group, from its `groups.jsonl` line (`ended`)."""
+    if ended is None:
+        return "not ended: its episodes are still playing, or the run stopped before they all did"
+    if ended.get("outcome") == "trained":
+        return f"trained at step {_number(ended.get('step'))}"
+    return f"never trained: {ended.get('outcome')}"
 
 
 # ----------------------------------------------------------------------------------- session

@@ -29,6 +29,7 @@ from tracerl.trace.schema import SessionTrace, Turn
 from tracerl.trace.trajectories import TraceError, assemble_trajectories
 
 METRICS_FILE = "metrics.jsonl"
+GROUPS_FILE = "groups.jsonl"
 STORE_FILE = "traces.sqlite"
 CONFIG_FILE = "config.json"
 
@@ -193,8 +194,11 @@ class EpisodeIndex:
 
     def __init__(self, run_dir: Path) -> None:
         self.reasons: dict[str, str] = {}
+        self.outcomes: dict[int, dict[str, Any]] = {}
+        """Each ended group's line of `groups.jsonl`: trained at a step, or why it never was."""
         self._episodes = JsonlTail(run_dir / EPISODES_FILE)
         self._failed = JsonlTail(run_dir / FAILED_FILE)
+        self._groups = JsonlTail(run_dir / GROUPS_FILE)
         self._lines: list[bytes] = []
         """Every complete line, unparsed: the unfiltered list parses only its page's lines."""
         self._rows: list[dict[str, Any]] = []
@@ -220,6 +224,10 @@ class EpisodeIndex:
         for record in failed:
             if isinstance(record.get("session_id"), str) and record.get("reason"):
                 self.reasons[record["session_id"]] = str(record["reason"])
+        groups, _ = self._groups.read_new()
+        for record in groups:
+            if isinstance(record.get("group"), int):
+                self.outcomes[record["group"]] = record
 
     @property
     def rows(self) -> list[dict[str, Any]]:

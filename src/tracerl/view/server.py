@@ -180,7 +180,9 @@ class Viewer:
         advantages, note = await asyncio.to_thread(
             group_advantages_of, members, self.reader.config()
         )
-        return self._html(pages.group_page(group, members, advantages, note, traces, self._refresh))
+        outcome = self.reader.episodes.outcomes.get(group)
+        page = pages.group_page(group, members, advantages, note, traces, outcome, self._refresh)
+        return self._html(page)
 
     async def _session_parts(self, sid: str) -> tuple[Any, str]:
         trace = await asyncio.to_thread(self.reader.store.trace, sid)
