@@ -82,17 +82,18 @@ def _get(url: str) -> tuple[int, bytes]:
         return response.status, response.read()
 
 
-def _timed(url: str) -> float:
+def _timed(url: str, listing: bytes = b"episode-rows") -> float:
+    """Seconds to fetch an episode page at `url`, which must hold `listing`."""
     started = time.perf_counter()
     status, body = _get(url)
-    if status != 200 or b"episode-rows" not in body:
-        raise RuntimeError(f"{url}: {status}, not an episode list")
+    if status != 200 or listing not in body:
+        raise RuntimeError(f"{url}: {status}, not the episode list expected ({listing!r})")
     return time.perf_counter() - started
 
 
-def first_page_s(run_dir: Path) -> tuple[float, float, str, subprocess.Popen[str]]:
+def first_page_s(run_dir: Path, sessions: int) -> tuple[float, float, str, subprocess.Popen[str]]:
     """Seconds from spawning `tracerl view` to its listening (printed URL) and to its first
-    episode page; the URL and the process."""
+    episode page (which must count all `sessions`); the URL and the process."""
     command = [sys.executable, "-m", "tracerl.cli.main", "view", str(run_dir), "--port", "0"]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
@@ -103,7 +104,7 @@ def first_page_s(run_dir: Path) -> tuple[float, float, str, subprocess.Popen[str
         raise RuntimeError(f"tracerl view did not start: {line!r}")
     listening_s = time.perf_counter() - started
     url = line.split(" on ", 1)[1].split()[0]
-    _timed(url + "episodes")
+    _timed(url + "episodes", f"<span id=episode-count>{sessions}</span>".encode())
     return listening_s, time.perf_counter() - started, url, process
 
 
@@ -114,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
         made = time.perf_counter()
         make_run(run_dir, sessions)
         generate_s = time.perf_counter() - made
-        listening_s, first_s, url, process = first_page_s(run_dir)
+        listening_s, first_s, url, process = first_page_s(run_dir, sessions)
         try:
             filtered_s = _timed(url + "episodes?group=7&reward_min=0.1&reward_max=0.9")
             last_page = (sessions - 1) // 50
