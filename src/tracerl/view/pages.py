@@ -223,15 +223,17 @@ def group_page(
             f"version {_number(row.get('version'))} {outcome}</p>{reply}</div>"
         )
     body = (
-        f"<p class=group-outcome>{escape(_group_outcome(ended))}</p>"
+        f"<p class=group-outcome>{escape(_group_outcome(ended, members))}</p>"
         f"<p class=muted>{escape(advantage_note)}</p><h2>prompt</h2>{prompt}"
         f"<h2>{len(members)} samples</h2><div class=samples>{''.join(cards)}</div>"
     )
     return layout(f"group {group}", body, refresh_s)
 
 
-def _group_outcome(ended: dict[str, Any] | None) -> str:
+def _group_outcome(ended: dict[str, Any] | None, members: list[dict[str, Any]]) -> str:
     """What became of a group, from its `groups.jsonl` line (`ended`)."""
+    if all(row.get("kind") == "eval" for row in members):
+        return "an eval group: measured, never trained"
     if ended is None:
         return "not ended: its episodes are still playing, or the run stopped before they all did"
     if ended.get("outcome") == "trained":
