@@ -318,7 +318,7 @@ def test_tracerl_train_runs_the_codex_example_on_vllm(tmp_path: Path) -> None:
     # tiny-long at a 32k context: the configuration the README gives for a long-context model
     code, output = train(
         "examples/agents/codex.toml", tmp_path / "run", f"--engine.python={VLLM_PYTHON}",
-        *[o for o in ON_CPU if not o.startswith(("--engine.kv_cache", "--engine.default"))],
+        *[o for o in ON_CPU if not o.startswith("--engine.kv_cache")],
         '--engine.launch_args=["--max-num-seqs", "4"]',
     )  # fmt: skip
     assert code == 0, output[-4000:]

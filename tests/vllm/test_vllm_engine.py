@@ -169,6 +169,25 @@ async def test_many_concurrent_seeded_requests_do_not_kill_the_engine(
     assert vllm_pool.counters["restarts"] == 0
 
 
+async def test_a_request_without_a_budget_gets_the_engines_default(
+    vllm_pool: EnginePool,
+) -> None:
+    # an agent that sends no budget (Codex) generated to the end of the context on vLLM, where
+    # the embedded engine stops at engine.default_max_new_tokens: the adapter applies it too
+    engine = vllm_pool.members[0].engine
+    assert isinstance(engine, VLLMClient) and engine.default_max_new_tokens == 1024
+    client = VLLMClient(engine.base_url, 120, seeds=False, default_max_new_tokens=6)
+    try:
+        out = await client.generate(
+            GenerateRequest(
+                rid="no-budget", input_ids=[1, 504], sampling_params={"ignore_eos": True}
+            )
+        )
+    finally:
+        await client.close()
+    assert len(out.output_ids) == 6 and out.finish_reason == "length"
+
+
 async def test_the_collector_reads_vllms_metrics(vllm_pool: EnginePool) -> None:
     collector = MetricsCollector(vllm_pool.engines, lambda samples, now: None)
     [load] = await collector.poll_once()

@@ -68,7 +68,9 @@ class EngineConfig(Config):
     """Most requests decoded together in one batch."""
 
     default_max_new_tokens: int = Field(default=1024, ge=1)
-    """Completion budget for requests that give no `max_new_tokens` (capped by the context)."""
+    """Completion budget for requests that give no `max_new_tokens` (capped by the context):
+    the embedded engine's, and vLLM's through its adapter (an agent that sends no budget, as
+    Codex does, would otherwise generate to the end of the context)."""
 
     seed: int = 0
     """Seed of the engine's own random stream, used for requests without a `seed`."""

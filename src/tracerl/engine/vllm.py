@@ -55,12 +55,17 @@ class VLLMClient(EngineClient):
         timeout_s: float = 600.0,
         seeds: bool = True,
         api_key: str | None = None,
+        default_max_new_tokens: int | None = None,
     ) -> None:
         """`seeds=False` sends requests unseeded: vLLM's CPU build dies (`RuntimeError: CPU
         Generator does not use offset`, then `EngineDeadError`) on concurrent seeded requests
-        (measured: 64 at temperature 0.7, `tracerl bench engine --backend vllm --quick`)."""
+        (measured: 64 at temperature 0.7, `tracerl bench engine --backend vllm --quick`).
+        `default_max_new_tokens`: the budget of a request that gives none, capped by the room
+        its context leaves (`engine.default_max_new_tokens`, as the embedded engine does);
+        None: the whole room."""
         super().__init__(base_url, timeout_s, api_key)
         self.seeds = seeds
+        self.default_max_new_tokens = default_max_new_tokens
         self._max_model_len: int | None = None
         self._weight_version: int | None = None
         """The version this client last loaded or read (the final chunk's spans are vLLM's
@@ -83,6 +88,8 @@ class VLLMClient(EngineClient):
         max_tokens = p.max_new_tokens
         if max_tokens is None:
             max_tokens = max(1, await self._max_len() - len(request.input_ids))
+            if self.default_max_new_tokens is not None:
+                max_tokens = min(max_tokens, self.default_max_new_tokens)
         params: dict[str, Any] = {
             "max_tokens": max_tokens,
             "temperature": p.temperature,

@@ -57,7 +57,13 @@ def client_for(config: EngineConfig, url: str, timeout_s: float) -> Engine:
 
         # seeded requests kill vLLM's CPU build (VLLMClient): on CPU they go unseeded; the
         # sampling is still exact and recorded, only replaying a seed is lost
-        return VLLMClient(url, timeout_s, seeds=_device(config) == "cuda", api_key=key)
+        return VLLMClient(
+            url,
+            timeout_s,
+            seeds=_device(config) == "cuda",
+            api_key=key,
+            default_max_new_tokens=config.default_max_new_tokens,
+        )
     if config.backend == "sglang":
         from tracerl.engine.sglang import SGLangClient
 
