@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol, TypeVar
 import orjson
 
 from tracerl.trace.schema import SessionTrace, Turn
-from tracerl.trace.trajectories import assemble_trajectories
+from tracerl.trace.trajectories import session_trace
 
 T = TypeVar("T")
 
@@ -83,13 +83,7 @@ async def read_trace(store: TraceStore, session_id: str) -> SessionTrace | None:
     record = await store.get_session(session_id)
     if record is None:
         return None
-    turns = await store.turns(session_id)
-    return SessionTrace(
-        session_id=session_id,
-        status=record.status,
-        turns=turns,
-        trajectories=assemble_trajectories(turns),
-    )
+    return session_trace(session_id, record.status, await store.turns(session_id))
 
 
 class SQLiteTraceStore:

@@ -12,11 +12,26 @@ log-probabilities and 0.0 elsewhere.
 
 from __future__ import annotations
 
-from tracerl.trace.schema import Trajectory, Turn
+from typing import Literal
+
+from tracerl.trace.schema import SessionTrace, Trajectory, Turn
 
 
 class TraceError(ValueError):
     """Turns that contradict themselves (a parent whose tokens the child does not extend)."""
+
+
+def session_trace(
+    session_id: str, status: Literal["open", "closed"], turns: list[Turn]
+) -> SessionTrace:
+    """A session's trace as the gateway serves it (`GET /sessions/{id}`): its turns and the
+    trajectories they assemble into. Raises `TraceError` on contradictory turns."""
+    return SessionTrace(
+        session_id=session_id,
+        status=status,
+        turns=turns,
+        trajectories=assemble_trajectories(turns),
+    )
 
 
 def assemble_trajectories(turns: list[Turn]) -> list[Trajectory]:

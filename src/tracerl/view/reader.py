@@ -26,7 +26,7 @@ import orjson
 
 from tracerl.run.episode_log import EPISODES_FILE, FAILED_FILE
 from tracerl.trace.schema import SessionTrace, Turn
-from tracerl.trace.trajectories import TraceError, assemble_trajectories
+from tracerl.trace.trajectories import TraceError, session_trace
 
 METRICS_FILE = "metrics.jsonl"
 GROUPS_FILE = "groups.jsonl"
@@ -360,12 +360,9 @@ class StoreReader:
         rows = self._read("SELECT data FROM turns WHERE session_id = ? ORDER BY idx", (session_id,))
         turns = [Turn.model_validate_json(r[0]) for r in rows]
         try:
-            trajectories = assemble_trajectories(turns)
+            return session_trace(session_id, found[0][0], turns)
         except TraceError as e:
             raise RunUnreadable(f"session {session_id}: {e}") from e
-        return SessionTrace(
-            session_id=session_id, status=found[0][0], turns=turns, trajectories=trajectories
-        )
 
 
 class RunReader:
