@@ -11,10 +11,10 @@ event and no end marker when the engine reply cannot be traced or recording fail
 disconnects mid-stream does not stop the generation: it is drained and recorded with
 `client_disconnected: true`.
 
-One module of ~600 lines: the HTTP surface (auth, sessions, classification, the traced
+One module of ~590 lines: the HTTP surface (auth, sessions, classification, the traced
 generation and its streaming) shares one Gateway's state; the API shapes live in the dialect
-modules, the shared replies (errors, access log) in `replies.py`, the prompt planning and token
-budget in `session.py` and the request spans (telemetry) in `spans.py`.
+modules, the shared replies (errors, access log) in `replies.py`, the prompt planning (forced
+calls included) and token budget in `session.py` and the request spans (telemetry) in `spans.py`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from aiohttp import web
 
 from tracerl.engine.protocol import Engine
 from tracerl.gateway.anthropic_api import DIALECT as ANTHROPIC
-from tracerl.gateway.api import ANY_TOOL, ApiRequest, Dialect, Outcome
+from tracerl.gateway.api import ApiRequest, Dialect, Outcome
 from tracerl.gateway.generation import (
     Completion,
     EngineUnavailable,
@@ -47,7 +47,7 @@ from tracerl.gateway.generation import (
 from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
 from tracerl.gateway.openai_api import DIALECT as OPENAI
 from tracerl.gateway.parse import parse_output, streamable_prefix
-from tracerl.gateway.render import ChatRenderer, ForcedCall, forced_call
+from tracerl.gateway.render import ChatRenderer
 from tracerl.gateway.replies import (
     SESSION_PATH,
     STREAM_ERROR_KEY,
@@ -67,6 +67,7 @@ from tracerl.gateway.session import (
     RecordedTurn,
     SessionState,
     fit_budget,
+    forced_call_of,
     plan_prompt,
     with_system_prompt,
 )
@@ -566,14 +567,6 @@ class Gateway:
                 turn.forced + c.raw,  # the assistant message as re-rendered: prefix included
             )
         self.counters["turns_recorded"] += 1
-
-
-def forced_call_of(parsed: ApiRequest) -> ForcedCall | None:
-    """The forced call a `tool_choice` that requires one asks for, None otherwise."""
-    if parsed.forced_tool is None:
-        return None
-    name = None if parsed.forced_tool == ANY_TOOL else parsed.forced_tool
-    return forced_call(name, parsed.tools)
 
 
 def engine_rid(sid: str | None, response_id: str) -> str:

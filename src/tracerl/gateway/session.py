@@ -7,6 +7,7 @@ episode trains on exactly the tokens the model sampled, and the cost of a turn d
 the context. Assistant messages the client echoes back are rendered with the model's raw output
 (tool-call markup as sampled), which is what makes the texts line up.
 
+`forced_call_of` gives the prefix and schema of a tool call the request forces, and
 `fit_budget` fits a request's token budget into the context its prompt leaves.
 
 The state lives in memory; after a gateway restart a session's next turn starts a new trajectory
@@ -20,9 +21,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracerl.gateway.api import ApiRequest
+from tracerl.gateway.api import ANY_TOOL, ApiRequest
 from tracerl.gateway.messages import BadRequest, canonical_assistant
-from tracerl.gateway.render import ChatRenderer
+from tracerl.gateway.render import ChatRenderer, ForcedCall, forced_call
 
 # Recorded turns searched for a prefix, newest first; older ones are forks too far back to matter.
 MAX_PARENT_CANDIDATES = 64
@@ -145,3 +146,11 @@ def fit_budget(
         )
     parsed.spec.max_new_tokens = room
     return True
+
+
+def forced_call_of(parsed: ApiRequest) -> ForcedCall | None:
+    """The forced call a `tool_choice` that requires one asks for, None otherwise."""
+    if parsed.forced_tool is None:
+        return None
+    name = None if parsed.forced_tool == ANY_TOOL else parsed.forced_tool
+    return forced_call(name, parsed.tools)
