@@ -1,7 +1,10 @@
 """Third-party agent frameworks, each making one model call through a gateway session as its
 users would: `python compat_clients.py NAME`, with the session's OpenAI base URL and key in
 `TRACERL_BASE_URL` and `TRACERL_API_KEY`. Run in the compatibility venv (`make test-compat`),
-never imported by the suite. Prints the framework's final text as the last stdout line."""
+never imported by the suite. Prints the framework's final text as the last stdout line.
+
+The instructor clients (`instructor_tools`, `instructor_json`, `instructor_json_schema`) run in
+instructor's own venv (`.venv-compat/instructor`) and print the extracted object as JSON."""
 
 from __future__ import annotations
 
@@ -59,9 +62,49 @@ def smolagents() -> str:
     return str(agent.run(PROMPT))
 
 
+def extract_person(mode: str) -> str:
+    """instructor's extraction of a small pydantic model in one of its modes (`instructor.Mode`
+    member name), with no retry: a retry would replay the scripted engine's replies."""
+    import instructor
+    from openai import OpenAI
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    client = instructor.from_openai(
+        OpenAI(base_url=BASE, api_key=KEY, max_retries=0), mode=instructor.Mode[mode]
+    )
+    person = client.chat.completions.create(
+        model="tiny", response_model=Person, max_retries=0,
+        messages=[{"role": "user", "content": "Ada Lovelace died at 36. Who is this?"}],
+    )  # fmt: skip
+    return person.model_dump_json()
+
+
+def instructor_tools() -> str:
+    """Mode.TOOLS: the model is made to call a tool whose parameters are the model's schema."""
+    return extract_person("TOOLS")
+
+
+def instructor_json() -> str:
+    """Mode.JSON: `response_format: {"type": "json_object"}`, the schema in the system message."""
+    return extract_person("JSON")
+
+
+def instructor_json_schema() -> str:
+    """Mode.JSON_SCHEMA: a json_schema response format carrying the model's schema."""
+    return extract_person("JSON_SCHEMA")
+
+
 CLIENTS = {
-    f.__name__: f for f in (openai_agents, pydantic_ai, langchain_openai, litellm, smolagents)
-}
+    f.__name__: f
+    for f in (
+        openai_agents, pydantic_ai, langchain_openai, litellm, smolagents, instructor_tools,
+        instructor_json, instructor_json_schema,
+    )
+}  # fmt: skip
 
 if __name__ == "__main__":
     print(CLIENTS[sys.argv[1]]())

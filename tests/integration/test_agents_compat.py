@@ -72,10 +72,19 @@ async def test_a_framework_makes_a_recorded_call(fake_engine, make_gateway, clie
         "TRACERL_API_KEY": session["api_key"],
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no download at import
     }
+    argv = [str(VENV), str(Path(__file__).parent / "compat_clients.py"), client]
+    assert await run_bounded(argv, env) == "Hello there."
+    trace = await gw.trace(session["session_id"])
+    valid(trace)
+    assert len(trace["trajectories"]) == 1
+
+
+async def run_bounded(argv: list[str], env: dict[str, str]) -> str:
+    """Run a client process to its end within `CLIENT_DEADLINE_S` (killed past it): its last
+    stdout line, after checking it exited 0."""
     proc = await asyncio.create_subprocess_exec(
-        str(VENV), str(Path(__file__).parent / "compat_clients.py"), client, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        *argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
     try:
         async with asyncio.timeout(CLIENT_DEADLINE_S):
             out, err = await proc.communicate()
@@ -84,10 +93,7 @@ async def test_a_framework_makes_a_recorded_call(fake_engine, make_gateway, clie
             proc.kill()
             await proc.wait()
     assert proc.returncode == 0, err.decode()[-3000:]
-    assert out.decode().strip().splitlines()[-1] == "Hello there."
-    trace = await gw.trace(session["session_id"])
-    valid(trace)
-    assert len(trace["trajectories"]) == 1
+    return out.decode().strip().splitlines()[-1]
 
 
 async def play(cli: str, session: dict[str, Any], **config: Any) -> Any:

@@ -174,7 +174,9 @@ async def test_bad_input_gets_the_responses_error_shape_and_records_nothing(
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, 400,
          "input.0.content.0"),
         ({"input": "hi", "max_output_tokens": 0}, 400, "max_output_tokens"),
-        ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, 400, "text.format"),
+        ({"input": "hi", "text": {"format": {"type": "grammar"}}}, 400, "text.format.type"),
+        ({"input": "hi", "text": {"format": {"type": "json_schema", "schema": "x"}}}, 400,
+         "text.format.schema"),
         ({}, 400, "input"),
         ({"input": "hi", "previous_response_id": "resp_nope"}, 404, "previous_response_id"),
     ]  # fmt: skip
@@ -209,3 +211,38 @@ async def test_bad_input_gets_the_responses_error_shape_and_records_nothing(
         assert (await resp.json())["error"]["param"] == "body"
     await client.close()
     await other.close()
+
+
+async def test_item_references_resolve_to_this_sessions_stored_items(
+    fake_engine, make_gateway
+) -> None:
+    """Clients that keep `store` on (the Vercel AI SDK) send earlier output back as
+    `item_reference`s: each is the item it names, and the conversation stays one trajectory;
+    an id this session never stored is a 400 naming it, recording nothing."""
+    fake, engine_client = fake_engine
+    gw = await make_gateway(engine_client)
+    session = await gw.open_session()
+    fake.say(f"Let me check.\n{CALL}", "Sunny.")
+    client = oai(session)
+    first = await client.responses.create(model="tiny", input="Weather?", tools=[WEATHER])
+    message, call = first.output
+    assert message.type == "message" and call.type == "function_call"
+    refs = [{"type": "item_reference", "id": item.id} for item in first.output]
+    second = await client.responses.create(
+        model="tiny", tools=[WEATHER],
+        input=[
+            {"role": "user", "content": "Weather?"}, *refs,
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+        ],
+    )  # fmt: skip
+    assert second.output_text == "Sunny."
+    trace = await gw.trace(session["session_id"])
+    (traj,) = trace["trajectories"]
+    assert sum(traj["loss_mask"]) == sum(len(t["completion_ids"]) for t in trace["turns"])
+    with pytest.raises(openai.BadRequestError) as caught:
+        await client.responses.create(
+            model="tiny", input=[{"type": "item_reference", "id": "msg_nope"}]
+        )
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "input.0.id"
+    assert len((await gw.trace(session["session_id"]))["turns"]) == 2
+    await client.close()

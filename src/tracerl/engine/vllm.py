@@ -103,7 +103,9 @@ class VLLMClient(EngineClient):
         }
         if p.seed is not None and self.seeds:
             params["seed"] = p.seed
-        if p.json_schema is not None:  # vLLM's structured outputs; compact, as ours
+        # vLLM's structured outputs; compact as ours (vLLM 0.32 takes that from its server's
+        # config, which a launched server gets; the request's flag is for later versions)
+        if p.json_schema is not None:
             params["structured_outputs"] = {
                 "json": orjson.loads(p.json_schema),
                 "disable_any_whitespace": True,

@@ -1,4 +1,10 @@
-"""The Anthropic Messages surface: request parsing, responses and stream events."""
+"""The Anthropic Messages surface: request parsing, responses and stream events.
+
+Structured outputs (`output_config.format`, or the older top-level `output_format`, each
+`{"type": "json_schema", "schema"}`) become the JSON schema the engine enforces. A tool call
+the token budget cut is a `tool_use` block whose `input` is its arguments read as far as they
+go (streamed: the cut JSON text itself), with `stop_reason: "max_tokens"`.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from tracerl.gateway.api import (
     forced_tool,
     integer,
     number,
+    output_schema,
     sse,
     stop_strings,
 )
@@ -35,6 +42,11 @@ def parse_request(body: dict[str, Any]) -> ApiRequest:
     else:
         raise BadRequest("tool_choice", "expected type 'auto', 'any', 'tool' or 'none'")
     top_k = integer(body, "top_k", 1)
+    config = body.get("output_config") or {}
+    if not isinstance(config, dict):
+        raise BadRequest("output_config", "expected an object")
+    where = "output_config.format" if config.get("format") is not None else "output_format"
+    fmt = config.get("format") or body.get("output_format")
     return ApiRequest(
         messages=anthropic_messages(body),
         tools=tools,
@@ -47,11 +59,13 @@ def parse_request(body: dict[str, Any]) -> ApiRequest:
             stop=stop_strings(body.get("stop_sequences"), "stop_sequences"),
         ),
         stream=bool(body.get("stream", False)),
+        output_schema=output_schema(fmt, where, None),
+        output_schema_param=where,
     )
 
 
 def stop_reason(outcome: Outcome) -> str:
-    if outcome.has_calls:
+    if outcome.finish == "tool_calls":
         return "tool_use"
     c = outcome.completion
     if c.stop_sequence is not None:
@@ -92,7 +106,7 @@ class ChunkWriter:
     only once the output is complete and follow as their own blocks.
     """
 
-    def __init__(self, model: str, rid: str, req: ApiRequest | None = None) -> None:
+    def __init__(self, model: str, rid: str, req: ApiRequest, tokenizer: Any) -> None:
         self.model, self.rid = model, rid
         self.text_index: int | None = None
         self.next_index = 0
@@ -110,7 +124,8 @@ class ChunkWriter:
         }
         return sse({"type": "message_start", "message": message}, "message_start")
 
-    def text(self, delta: str) -> bytes:
+    def text(self, delta: str, ids: list[int] | None = None, logprobs: Any = None) -> bytes:
+        """A text delta (Anthropic streams no log-probs)."""
         out = b""
         if self.text_index is None:
             self.text_index = self.next_index
@@ -136,6 +151,7 @@ class ChunkWriter:
 
     def finish(self, outcome: Outcome, remaining_text: str) -> bytes:
         out = b""
+        partial = [c.partial for c in outcome.parsed.tool_calls]
         for block in content_blocks(outcome):
             if block["type"] == "text":
                 out += self.text(remaining_text)
@@ -147,17 +163,24 @@ class ChunkWriter:
             self.next_index += 1
             if block["type"] == "tool_use":
                 start = {**block, "input": {}}
-                delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+                cut = partial.pop(0)  # a cut call streams its JSON text as sampled
+                raw = cut if cut is not None else json.dumps(block["input"])
+                deltas = [{"type": "input_json_delta", "partial_json": raw}]
             else:
                 start = {**block, "thinking": ""}
-                delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+                deltas = [
+                    {"type": "thinking_delta", "thinking": block["thinking"]},
+                    {"type": "signature_delta", "signature": block["signature"]},
+                ]
             out += sse(
                 {"type": "content_block_start", "index": i, "content_block": start},
                 "content_block_start",
             )
-            out += sse(
-                {"type": "content_block_delta", "index": i, "delta": delta}, "content_block_delta"
-            )
+            for delta in deltas:
+                out += sse(
+                    {"type": "content_block_delta", "index": i, "delta": delta},
+                    "content_block_delta",
+                )
             out += sse({"type": "content_block_stop", "index": i}, "content_block_stop")
         c = outcome.completion
         out += sse(

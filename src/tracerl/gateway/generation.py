@@ -53,7 +53,18 @@ class SamplingSpec:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     json_schema: str | None = None
-    """A forced tool call's schema (the gateway's, never the caller's: see render.forced_call)."""
+    """The JSON schema the reply must match: a forced tool call's (render.forced_call) or a
+    structured-output request's."""
+
+
+@dataclass
+class Progress:
+    """A reply so far: its visible text, and its sampled ids and their log-probs (the
+    generation's own growing lists: read them, never change them)."""
+
+    text: str
+    ids: list[int]
+    logprobs: list[float]
 
 
 @dataclass
@@ -85,8 +96,8 @@ async def generate(
     eos_ids: set[int],
     stream: bool = True,
     traceparent: str | None = None,
-) -> AsyncIterator[str | Completion]:
-    """Yield the visible text after each engine chunk, then the `Completion`. `traceparent`:
+) -> AsyncIterator[Progress | Completion]:
+    """Yield the reply so far after each engine chunk, then the `Completion`. `traceparent`:
     the gateway request's span, parent of the pool's generation span.
 
     Without `stream` (and without stop strings, which need the text as it grows) the engine is
@@ -144,7 +155,7 @@ async def generate(
                 stop_hit = _find_stop(text, spec.stop)
                 if stop_hit is not None:
                     break
-                yield text
+                yield Progress(text, ids, logprobs)
                 if finish is not None:
                     break
     except EngineHTTPError as e:
@@ -164,7 +175,7 @@ async def generate(
         stop_sequence, cut = stop_hit
         keep = _tokens_covering(tokenizer, ids, cut + len(stop_sequence))
         ids, logprobs, text, finish = ids[:keep], logprobs[:keep], text[:cut], "stop"
-        yield text
+        yield Progress(text, ids, logprobs)
     if finish not in ("stop", "length", "abort"):
         raise UntraceableReply("engine stream ended without a finish reason")
     if not ids and finish != "abort":

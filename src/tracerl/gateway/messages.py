@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pydantic_core
+
 
 class BadRequest(ValueError):
     """A request the gateway rejects with 400; `param` names the field."""
@@ -56,14 +58,18 @@ def _text_parts(content: Any, param: str, kinds: dict[str, str] = CHAT_PARTS) ->
     return "".join(texts)
 
 
-def _arguments(raw: Any, param: str) -> dict[str, Any]:
+def call_arguments(raw: Any, param: str) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, str):
         try:
             value = json.loads(raw) if raw.strip() else {}
         except json.JSONDecodeError:
-            raise BadRequest(param, "tool call arguments are not valid JSON") from None
+            # a call its budget cut, echoed back as it was returned: read as far as it goes
+            try:
+                value = pydantic_core.from_json(raw, allow_partial=True)
+            except ValueError:
+                raise BadRequest(param, "tool call arguments are not valid JSON") from None
         if isinstance(value, dict):
             return value
     raise BadRequest(param, "tool call arguments must be a JSON object")
@@ -99,7 +105,7 @@ def openai_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                         "type": "function",
                         "function": {
                             "name": fn["name"],
-                            "arguments": _arguments(
+                            "arguments": call_arguments(
                                 fn.get("arguments"), f"{param}.tool_calls.{j}.arguments"
                             ),
                         },
@@ -192,7 +198,7 @@ def _anthropic_assistant(blocks: list[Any], param: str) -> dict[str, Any]:
                     "type": "function",
                     "function": {
                         "name": str(block.get("name", "")),
-                        "arguments": _arguments(
+                        "arguments": call_arguments(
                             block.get("input", {}), f"{param}.content.{j}.input"
                         ),
                     },
@@ -277,7 +283,7 @@ def responses_messages(value: Any, param: str = "input") -> list[dict[str, Any]]
                 "type": "function",
                 "function": {
                     "name": _string(item, "name", where),
-                    "arguments": _arguments(item.get("arguments"), f"{where}.arguments"),
+                    "arguments": call_arguments(item.get("arguments"), f"{where}.arguments"),
                 },
             }
             last = out[-1] if out else None

@@ -1,4 +1,10 @@
-"""The OpenAI Chat Completions surface: request parsing, responses and stream chunks."""
+"""The OpenAI Chat Completions surface: request parsing, responses and stream chunks.
+
+`response_format` (`json_object`, `json_schema`) becomes the JSON schema the engine enforces
+(`ApiRequest.output_schema`). Streamed chunks carry the log-probs of the tokens sampled since
+the previous chunk when `logprobs` is asked for (all chunks together: the non-streamed list);
+a tool call streams as its id and name, then its arguments.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +18,10 @@ from tracerl.gateway.api import (
     forced_tool,
     integer,
     number,
+    output_schema,
     sse,
     stop_strings,
-    tool_arguments_json,
+    token_logprobs,
 )
 from tracerl.gateway.generation import SamplingSpec
 from tracerl.gateway.messages import BadRequest, openai_messages, openai_tools
@@ -63,13 +70,12 @@ def parse_request(body: dict[str, Any]) -> ApiRequest:
         want_logprobs=bool(body.get("logprobs", False)),
         max_tokens_param=budget,
         forced_tool=forced,
+        output_schema=output_schema(body.get("response_format"), "response_format", "json_schema"),
     )
 
 
 def finish_reason(outcome: Outcome) -> str:
-    if outcome.has_calls:
-        return "tool_calls"
-    return outcome.completion.finish  # "stop" | "length" | "abort" (engine aborted)
+    return outcome.finish  # "tool_calls" | "stop" | "length" | "abort" (engine aborted)
 
 
 def usage(outcome: Outcome) -> dict[str, int]:
@@ -81,16 +87,8 @@ def usage(outcome: Outcome) -> dict[str, int]:
     }
 
 
-def _logprobs(outcome: Outcome, tokenizer: Any) -> dict[str, Any]:
-    from tracerl.engine.detokenize import safe_decode
-
-    content = []
-    for tid, lp in zip(outcome.completion.ids, outcome.completion.logprobs, strict=True):
-        token = safe_decode(tokenizer, [tid])
-        content.append(
-            {"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []}
-        )
-    return {"content": content}
+def _logprobs(tokenizer: Any, ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    return {"content": token_logprobs(tokenizer, ids, logprobs), "refusal": None}
 
 
 def response(outcome: Outcome, req: ApiRequest, model: str, rid: str, tokenizer: Any) -> dict:
@@ -100,12 +98,13 @@ def response(outcome: Outcome, req: ApiRequest, model: str, rid: str, tokenizer:
             {
                 "id": cid,
                 "type": "function",
-                "function": {"name": call.name, "arguments": tool_arguments_json(call)},
+                "function": {"name": call.name, "arguments": call.arguments_json},
             }
             for cid, call in zip(outcome.call_ids, outcome.parsed.tool_calls, strict=True)
         ]
     if outcome.parsed.reasoning is not None:
         message["reasoning_content"] = outcome.parsed.reasoning
+    c = outcome.completion
     return {
         "id": rid,
         "object": "chat.completion",
@@ -116,7 +115,7 @@ def response(outcome: Outcome, req: ApiRequest, model: str, rid: str, tokenizer:
                 "index": 0,
                 "message": message,
                 "finish_reason": finish_reason(outcome),
-                "logprobs": _logprobs(outcome, tokenizer) if req.want_logprobs else None,
+                "logprobs": _logprobs(tokenizer, c.ids, c.logprobs) if req.want_logprobs else None,
             }
         ],
         "usage": usage(outcome),
@@ -126,49 +125,55 @@ def response(outcome: Outcome, req: ApiRequest, model: str, rid: str, tokenizer:
 class ChunkWriter:
     """Builds the `chat.completion.chunk` events of one streamed response."""
 
-    def __init__(self, model: str, rid: str, req: ApiRequest) -> None:
+    def __init__(self, model: str, rid: str, req: ApiRequest, tokenizer: Any) -> None:
         self.model, self.rid, self.include_usage = model, rid, req.include_usage
+        self.want_logprobs, self.tokenizer = req.want_logprobs, tokenizer
         self.created = int(time.time())
+        self.sent_tokens = 0  # sampled tokens whose log-probs went out
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+    def _chunk(
+        self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
+    ) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         return sse(
             {
                 "id": self.rid,
                 "object": "chat.completion.chunk",
                 "created": self.created,
                 "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                "choices": [choice],
             }
         )
+
+    def _new_logprobs(self, ids: list[int], logprobs: list[float]) -> Any:
+        """The log-probs of the tokens sampled since the last chunk that carried some."""
+        if not self.want_logprobs:
+            return None
+        start, self.sent_tokens = self.sent_tokens, max(self.sent_tokens, len(ids))
+        return _logprobs(self.tokenizer, ids[start:], logprobs[start : len(ids)])
 
     def start(self, prompt_tokens: int) -> bytes:
         return self._chunk({"role": "assistant", "content": ""})
 
-    def text(self, delta: str) -> bytes:
-        return self._chunk({"content": delta})
+    def text(self, delta: str, ids: list[int], logprobs: list[float]) -> bytes:
+        return self._chunk({"content": delta}, logprobs=self._new_logprobs(ids, logprobs))
 
     def finish(self, outcome: Outcome, remaining_text: str) -> bytes:
-        out = b""
-        if remaining_text:
-            out += self.text(remaining_text)
+        c, out = outcome.completion, b""
         if outcome.parsed.reasoning is not None:
             out += self._chunk({"reasoning_content": outcome.parsed.reasoning})
+        if remaining_text:
+            out += self.text(remaining_text, c.ids, c.logprobs)
         for i, (cid, call) in enumerate(
             zip(outcome.call_ids, outcome.parsed.tool_calls, strict=True)
         ):
-            out += self._chunk(
-                {
-                    "tool_calls": [
-                        {
-                            "index": i,
-                            "id": cid,
-                            "type": "function",
-                            "function": {"name": call.name, "arguments": tool_arguments_json(call)},
-                        }
-                    ]
-                }
-            )
-        out += self._chunk({}, finish_reason(outcome))
+            head = {"index": i, "id": cid, "type": "function"}
+            name = {"name": call.name, "arguments": ""}
+            out += self._chunk({"tool_calls": [{**head, "function": name}]})
+            arguments = {"index": i, "function": {"arguments": call.arguments_json}}
+            out += self._chunk({"tool_calls": [arguments]})
+        # what no text delta carried (a reply that streamed no text: a tool call, reasoning)
+        out += self._chunk({}, finish_reason(outcome), self._new_logprobs(c.ids, c.logprobs))
         if self.include_usage:
             out += sse(
                 {

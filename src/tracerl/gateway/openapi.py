@@ -94,6 +94,21 @@ _FUNCTION_TOOL = {
         },
     },
 }
+_PLAIN_FORMAT = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}},
+}
+_SCHEMA_FORMAT = {  # the Responses API's and Anthropic's: the schema at the top level
+    "type": "object",
+    "required": ["type", "schema"],
+    "properties": {
+        "type": {"type": "string", "enum": ["json_schema"]},
+        "name": {"type": "string"},
+        "schema": {"type": "object"},
+        "strict": {"type": "boolean"},
+    },
+}
 CHAT_REQUEST = {
     "type": "object",
     "required": ["model", "messages"],
@@ -115,6 +130,27 @@ CHAT_REQUEST = {
             "properties": {"include_usage": {"type": "boolean"}},
         },
         "logprobs": {"type": "boolean"},
+        "response_format": {
+            "oneOf": [
+                _PLAIN_FORMAT,
+                {
+                    "type": "object",
+                    "required": ["type", "json_schema"],
+                    "properties": {
+                        "type": {"type": "string", "enum": ["json_schema"]},
+                        "json_schema": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {
+                                "name": {"type": "string"},
+                                "schema": {"type": "object"},
+                                "strict": {"type": "boolean"},
+                            },
+                        },
+                    },
+                },
+            ]
+        },
         "tools": {"type": "array", "items": _FUNCTION_TOOL},
         "tool_choice": {
             "oneOf": [
@@ -206,6 +242,7 @@ MESSAGES_REQUEST = {
             },
         },
         "metadata": {"type": "object"},
+        "output_config": {"type": "object", "properties": {"format": _SCHEMA_FORMAT}},
     },
 }
 _RESPONSES_PART = {
@@ -268,6 +305,10 @@ RESPONSES_REQUEST = {
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         "stream": {"type": "boolean"},
         "store": {"type": "boolean"},
+        "text": {
+            "type": "object",
+            "properties": {"format": {"oneOf": [_PLAIN_FORMAT, _SCHEMA_FORMAT]}},
+        },
         "tools": {
             "type": "array",
             "items": {

@@ -5,6 +5,11 @@ Tool calls use the Hermes convention of `render.py`: `<tool_call>{"name", "argum
 to two missing closing braces, which are added), or lacks a string `name` and object
 `arguments`, stays in the text: parsing never fails. Reasoning (`<think>…</think>` at the
 start) is split off only for templates that use it.
+
+A reply its token budget cut (`cut`) inside a last call block is a call in progress, as the
+real APIs return one: once its name is complete it is a call whose `partial` holds the
+arguments' JSON text as sampled so far (read as far as it goes into `arguments`); before that
+it is nothing. Either way its markup is not content.
 """
 
 from __future__ import annotations
@@ -14,15 +19,27 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic_core
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+"""A call object's start up to its arguments' value, the name complete."""
 
 
 @dataclass
 class ParsedCall:
     name: str
     arguments: dict[str, Any]
+    partial: str | None = None
+    """A call cut by the token budget: its arguments' JSON text as sampled (it does not parse
+    as it stands; `arguments` is what of it does). None for a complete call."""
+
+    @property
+    def arguments_json(self) -> str:
+        """The arguments as the OpenAI APIs send them: JSON text, cut where sampling stopped."""
+        return self.partial if self.partial is not None else json.dumps(self.arguments)
 
 
 @dataclass
@@ -32,7 +49,7 @@ class ParsedOutput:
     reasoning: str | None = None
 
 
-def parse_output(text: str, reasoning: bool = False) -> ParsedOutput:
+def parse_output(text: str, reasoning: bool = False, cut: bool = False) -> ParsedOutput:
     thought = None
     if reasoning and text.lstrip().startswith(THINK_OPEN) and THINK_CLOSE in text:
         head, _, text = text.lstrip()[len(THINK_OPEN) :].partition(THINK_CLOSE)
@@ -53,9 +70,11 @@ def parse_output(text: str, reasoning: bool = False) -> ParsedOutput:
     # allows nothing after it), and models stop there too
     start = rest.find(CALL_OPEN)
     if start >= 0 and CALL_CLOSE not in rest[start:]:
-        call = _read_call(rest[start + len(CALL_OPEN) :])
+        body = rest[start + len(CALL_OPEN) :]
+        call = _cut_call(body) if cut else _read_call(body)
         if call is not None:
             calls.append(call)
+        if call is not None or cut:
             rest = rest[:start]
     kept.append(rest)
     return ParsedOutput(content="".join(kept).rstrip(), tool_calls=calls, reasoning=thought)
@@ -84,6 +103,33 @@ def _read_call(body: str) -> ParsedCall | None:
     if not isinstance(args, dict):
         return None
     return ParsedCall(value["name"], args)
+
+
+def _cut_call(body: str) -> ParsedCall | None:
+    """A last call block in a reply the budget cut: the call, once its name is complete;
+    complete only when its arguments object is (no brace is added here: what is missing was
+    cut, not forgotten)."""
+    head = _CALL_HEAD.match(body)
+    if head is None:
+        return None
+    name, raw = json.loads(head.group(1)), body[head.end() :]
+    try:
+        value, end = json.JSONDecoder().raw_decode(raw)
+    except json.JSONDecodeError:
+        value, end = None, 0
+    if isinstance(value, dict) and raw[end:].strip() in ("", "}"):
+        return ParsedCall(name, value)
+    return ParsedCall(name, partial_arguments(raw), partial=raw)
+
+
+def partial_arguments(raw: str) -> dict[str, Any]:
+    """Cut JSON arguments read as far as they go (an unfinished string or number is left
+    out, as the SDKs' own partial-JSON readers do); {} when not even that is an object."""
+    try:
+        value = pydantic_core.from_json(raw, allow_partial=True)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def streamable_prefix(text: str) -> str:

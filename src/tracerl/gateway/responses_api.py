@@ -8,25 +8,42 @@ namespaces, custom grammars) are dropped from the prompt. `previous_response_id`
 the server from the session's recorded turns (`history`), so a chain of responses renders as
 one conversation and is recorded as one trajectory.
 
+`text.format` (`json_object`, `json_schema`) becomes the JSON schema the engine enforces.
+
 Output: a reasoning item (templates with `<think>`), a message item with one `output_text`
 part, then one `function_call` item per call, with ids derived from the response's id so the
 streamed items, the final response and the recorded one agree. A generation cut by its token
 budget is `status: "incomplete"` (`incomplete_details.reason: "max_output_tokens"`), as the
-real API answers. Streams are `event:` + `data:` frames with a `sequence_number`, from
-`response.created` to exactly one of `response.completed` / `response.incomplete` /
-`response.failed`, and no `[DONE]`; every item ends with `response.output_item.done`, the event
-Codex reads its items from.
+real API answers, and so is a function call it cut (its arguments as sampled so far). Streams
+are `event:` + `data:` frames with a `sequence_number`, from `response.created` to exactly one
+of `response.completed` / `response.incomplete` / `response.failed`, and no `[DONE]`; every
+item is added in progress and ends with `response.output_item.done` (the event Codex reads its
+items from), a function call's arguments streamed between the two.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
-from tracerl.gateway.api import ApiRequest, Dialect, Outcome, forced_tool, integer, number, sse
+from tracerl.gateway.api import (
+    ApiRequest,
+    Dialect,
+    Outcome,
+    forced_tool,
+    integer,
+    number,
+    output_schema,
+    sse,
+    token_logprobs,
+)
 from tracerl.gateway.generation import SamplingSpec
-from tracerl.gateway.messages import BadRequest, responses_messages, responses_tools
+from tracerl.gateway.messages import (
+    BadRequest,
+    call_arguments,
+    responses_messages,
+    responses_tools,
+)
 from tracerl.gateway.openai_api import models
 
 UNSUPPORTED = {
@@ -43,9 +60,8 @@ def parse_request(body: dict[str, Any]) -> ApiRequest:
     if body.get("top_logprobs"):
         raise BadRequest("top_logprobs", "is not supported (logprobs of sampled tokens only)")
     text = body.get("text") or {}
-    fmt = text.get("format") if isinstance(text, dict) else None
-    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
-        raise BadRequest("text.format", f"only text output is supported, got {fmt.get('type')!r}")
+    if not isinstance(text, dict):
+        raise BadRequest("text", "expected an object")
     choice = body.get("tool_choice")
     previous = body.get("previous_response_id")
     if previous is not None and (not isinstance(previous, str) or not previous):
@@ -84,6 +100,8 @@ def parse_request(body: dict[str, Any]) -> ApiRequest:
         want_logprobs="message.output_text.logprobs" in include,
         extra={"previous_response_id": previous, "history_at": len(messages), "body": body},
         max_tokens_param="max_output_tokens",
+        output_schema=output_schema(text.get("format"), "text.format", None),
+        output_schema_param="text.format",
     )
 
 
@@ -118,6 +136,36 @@ async def chain(store: Any, state: Any, response_id: str) -> list[dict[str, Any]
     return messages
 
 
+async def with_references_resolved(store: Any, state: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """`body` with each `item_reference` input item replaced by the item it names: an output
+    item of a response this session recorded (clients that keep `store` on, such as the
+    Vercel AI SDK, refer to earlier output that way). What is recorded is the resolved body,
+    so a later `previous_response_id` chain reads it as it was shown to the model."""
+    items = body.get("input")
+    if not isinstance(items, list) or not any(
+        isinstance(i, dict) and i.get("type") == "item_reference" for i in items
+    ):
+        return body
+    turns = await store.turns(state.session_id) if state is not None else []
+    known = {
+        item.get("id"): item
+        for t in turns
+        if t.endpoint == "responses" and t.request.get("store") is not False
+        for item in t.response.get("output") or []
+    }
+    resolved = []
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and item.get("type") == "item_reference":
+            found = known.get(item.get("id"))
+            if found is None:
+                raise BadRequest(
+                    f"input.{i}.id", f"no stored item of this session has id {item.get('id')!r}"
+                )
+            item = found
+        resolved.append(item)
+    return {**body, "input": resolved}
+
+
 def output_message(items: list[dict[str, Any]]) -> dict[str, Any]:
     """A response's output items as one assistant message in the chat form (reasoning left
     out, as the other surfaces feed none back)."""
@@ -129,7 +177,8 @@ def output_message(items: list[dict[str, Any]]) -> dict[str, Any]:
                 str(p.get("text", "")) for p in parts if p.get("type") == "output_text"
             )
         elif item.get("type") == "function_call":
-            call = {"name": item["name"], "arguments": json.loads(item["arguments"] or "{}")}
+            arguments = call_arguments(item["arguments"], "previous_response_id")
+            call = {"name": item["name"], "arguments": arguments}
             message.setdefault("tool_calls", []).append(
                 {"id": item["call_id"], "type": "function", "function": call}
             )
@@ -141,8 +190,8 @@ def _suffix(rid: str) -> str:
 
 
 def _status(outcome: Outcome) -> tuple[str, dict[str, str] | None]:
-    finish = outcome.completion.finish
-    if finish == "length" and not outcome.has_calls:
+    finish = outcome.finish
+    if finish == "length":
         return "incomplete", {"reason": "max_output_tokens"}
     if finish == "abort":
         return "incomplete", {"reason": "interrupted"}
@@ -185,8 +234,8 @@ def output_items(outcome: Outcome, rid: str, logprobs: Any = None) -> list[dict[
                 "id": f"fc_{cid.removeprefix('call_')}",
                 "call_id": cid,
                 "name": call.name,
-                "arguments": json.dumps(call.arguments),
-                "status": "completed",
+                "arguments": call.arguments_json,
+                "status": "completed" if call.partial is None else "incomplete",
             }
         )
     return items
@@ -203,26 +252,23 @@ def _message_item(rid: str, text: str, status: str, logprobs: Any = None) -> dic
     }
 
 
-def _logprobs(outcome: Outcome, tokenizer: Any) -> list[dict[str, Any]]:
-    from tracerl.engine.detokenize import safe_decode
-
-    out = []
-    for tid, lp in zip(outcome.completion.ids, outcome.completion.logprobs, strict=True):
-        token = safe_decode(tokenizer, [tid])
-        out.append(
-            {"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []}
-        )
-    return out
+def _event_logprobs(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Log-prob entries as the text events carry them: an output_text part's entries have the
+    token's `bytes`, the delta and done events' do not."""
+    return [{k: v for k, v in e.items() if k != "bytes"} for e in entries]
 
 
 def response_object(
-    req: ApiRequest, model: str, rid: str, created: float, outcome: Outcome | None = None,
-    tokenizer: Any = None,
+    req: ApiRequest, model: str, rid: str, created: int, tokenizer: Any,
+    outcome: Outcome | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The Response: in progress (no outcome yet) or finished."""
     body: dict[str, Any] = req.extra.get("body", {})
     status, incomplete = _status(outcome) if outcome is not None else ("in_progress", None)
-    logprobs = _logprobs(outcome, tokenizer) if outcome and req.want_logprobs else None
+    logprobs = None
+    if outcome is not None and req.want_logprobs:
+        logprobs = token_logprobs(tokenizer, outcome.completion.ids, outcome.completion.logprobs)
+    text = body.get("text") or {}
     return {
         "id": rid,
         "object": "response",
@@ -242,7 +288,7 @@ def response_object(
         "temperature": body.get("temperature", 1.0),
         "top_p": body.get("top_p", 1.0),
         "max_output_tokens": body.get("max_output_tokens"),
-        "text": {"format": {"type": "text"}},
+        "text": {"format": text.get("format") or {"type": "text"}},
         "reasoning": body.get("reasoning"),
         "truncation": "disabled",
         "metadata": body.get("metadata") or {},
@@ -250,21 +296,21 @@ def response_object(
 
 
 def response(outcome: Outcome, req: ApiRequest, model: str, rid: str, tokenizer: Any) -> dict:
-    return response_object(
-        req, model, rid, req.extra.get("created", time.time()), outcome, tokenizer
-    )
+    created = req.extra.get("created", int(time.time()))
+    return response_object(req, model, rid, created, tokenizer, outcome)
 
 
 class ChunkWriter:
     """The events of one streamed response. Text streams into the message item as it is
     generated; reasoning and tool calls are known once the output is complete and follow as
-    their own items."""
+    their own items, each added in progress, its content streamed, then done."""
 
-    def __init__(self, model: str, rid: str, req: ApiRequest) -> None:
-        self.model, self.rid, self.req = model, rid, req
-        self.created = float(req.extra.setdefault("created", time.time()))
+    def __init__(self, model: str, rid: str, req: ApiRequest, tokenizer: Any) -> None:
+        self.model, self.rid, self.req, self.tokenizer = model, rid, req, tokenizer
+        self.created = int(req.extra.setdefault("created", int(time.time())))
         self.sequence = 0
         self.text_index: int | None = None  # the message item's, once its events began
+        self.sent_tokens = 0  # sampled tokens whose log-probs went out with a delta
         self.final: dict[str, Any] = {}
 
     def _event(self, kind: str, **fields: Any) -> bytes:
@@ -273,7 +319,8 @@ class ChunkWriter:
         return out
 
     def _response(self, outcome: Outcome | None = None) -> dict[str, Any]:
-        return response_object(self.req, self.model, self.rid, self.created, outcome)
+        req, tokenizer = self.req, self.tokenizer
+        return response_object(req, self.model, self.rid, self.created, tokenizer, outcome)
 
     def start(self, prompt_tokens: int) -> bytes:
         head = self._response()
@@ -291,13 +338,18 @@ class ChunkWriter:
             content_index=0, part=_text_part(""),
         )  # fmt: skip
 
-    def text(self, delta: str) -> bytes:
+    def text(self, delta: str, ids: list[int], logprobs: list[float]) -> bytes:
         """Streamed text: the message is the first item whenever text streams (templates
         with reasoning stream none: their text follows the reasoning item at the end)."""
         out = self._open_text(0) if self.text_index is None else b""
+        new: list[dict[str, Any]] = []
+        if self.req.want_logprobs:
+            start, self.sent_tokens = self.sent_tokens, max(self.sent_tokens, len(ids))
+            entries = token_logprobs(self.tokenizer, ids[start:], logprobs[start : len(ids)])
+            new = _event_logprobs(entries)
         return out + self._event(
             "response.output_text.delta", item_id=f"msg_{_suffix(self.rid)}",
-            output_index=self.text_index, content_index=0, delta=delta, logprobs=[],
+            output_index=self.text_index, content_index=0, delta=delta, logprobs=new,
         )  # fmt: skip
 
     def finish(self, outcome: Outcome, remaining_text: str) -> bytes:
@@ -305,29 +357,45 @@ class ChunkWriter:
         out = b""
         for index, item in enumerate(final["output"]):
             if item["type"] == "message":
-                out += self._message_events(index, item, remaining_text)
+                out += self._message_events(index, item, remaining_text, outcome)
                 continue
-            out += self._event("response.output_item.added", output_index=index, item=item)
+            ids = {"item_id": item["id"], "output_index": index}
             if item["type"] == "function_call":
+                started = {**item, "arguments": "", "status": "in_progress"}
+                out += self._event("response.output_item.added", output_index=index, item=started)
                 out += self._event(
-                    "response.function_call_arguments.delta", item_id=item["id"],
-                    output_index=index, delta=item["arguments"],
-                ) + self._event(
-                    "response.function_call_arguments.done", item_id=item["id"],
-                    output_index=index, name=item["name"], arguments=item["arguments"],
-                )  # fmt: skip
+                    "response.function_call_arguments.delta", **ids, delta=item["arguments"]
+                )
+                out += self._event(
+                    "response.function_call_arguments.done", **ids, arguments=item["arguments"]
+                )
+            else:  # reasoning
+                started = {**item, "content": [], "status": "in_progress"}
+                out += self._event("response.output_item.added", output_index=index, item=started)
+                text = item["content"][0]["text"]
+                ids["content_index"] = 0
+                out += self._event("response.reasoning_text.delta", **ids, delta=text)
+                out += self._event("response.reasoning_text.done", **ids, text=text)
             out += self._event("response.output_item.done", output_index=index, item=item)
         self.final = final
         return out
 
-    def _message_events(self, index: int, item: dict[str, Any], remaining: str) -> bytes:
+    def _message_events(
+        self, index: int, item: dict[str, Any], remaining: str, outcome: Outcome
+    ) -> bytes:
         """The message item's remaining events (its streamed text went out at `index`)."""
         out = self._open_text(index) if self.text_index is None else b""
         if remaining:
-            out += self.text(remaining)
+            c = outcome.completion
+            out += self.text(remaining, c.ids, c.logprobs)
         part = item["content"][0]
         ids = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        out += self._event("response.output_text.done", **ids, text=part["text"], logprobs=[])
+        out += self._event(
+            "response.output_text.done",
+            **ids,
+            text=part["text"],
+            logprobs=_event_logprobs(part["logprobs"]),
+        )
         out += self._event("response.content_part.done", **ids, part=part)
         return out + self._event("response.output_item.done", output_index=index, item=item)
 

@@ -22,24 +22,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import re
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from tracerl.engine.protocol import Engine
 from tracerl.gateway.anthropic_api import DIALECT as ANTHROPIC
-from tracerl.gateway.api import ApiRequest, Dialect, Outcome
+from tracerl.gateway.api import Dialect, Outcome
 from tracerl.gateway.generation import (
     Completion,
     EngineUnavailable,
+    Progress,
     UntraceableReply,
     UpstreamError,
     generate,
@@ -61,11 +60,12 @@ from tracerl.gateway.replies import (
     read_json,
 )
 from tracerl.gateway.responses_api import DIALECT as RESPONSES
-from tracerl.gateway.responses_api import PreviousNotFound, chain
+from tracerl.gateway.responses_api import PreviousNotFound, chain, with_references_resolved
 from tracerl.gateway.session import (
-    Prompt,
+    PendingTurn,
     RecordedTurn,
     SessionState,
+    constrain,
     fit_budget,
     forced_call_of,
     plan_prompt,
@@ -357,6 +357,8 @@ class Gateway:
         try:
             if not isinstance(body, dict):
                 raise BadRequest("body", "expected a JSON object")
+            if dialect is RESPONSES:
+                body = await with_references_resolved(self.store, state, body)
             parsed = dialect.parse_request(body)
             previous = parsed.extra.get("previous_response_id")
             if previous is not None:
@@ -366,7 +368,9 @@ class Gateway:
             forced = forced_call_of(parsed)
             if forced is not None:
                 plan = plan.then(forced.prefix)
-                parsed.spec.json_schema = json.dumps(forced.schema)
+            schema_param = constrain(parsed, forced)
+            if parsed.output_schema is not None and schema_param is None:
+                self.counters["output_format_unenforced"] += 1  # the model may call a tool
         except BadRequest as e:
             return error_response(dialect, 400, str(e), e.param)
         except PreviousNotFound as e:
@@ -377,7 +381,7 @@ class Gateway:
                 self.counters["max_tokens_capped"] += 1
         except BadRequest as e:
             return error_response(dialect, 400, str(e), e.param)
-        turn = _PendingTurn(
+        turn = PendingTurn(
             dialect, state, body, parsed, prompt, dialect.new_response_id(),
             forced.prefix if forced else "",
         )  # fmt: skip
@@ -395,9 +399,14 @@ class Gateway:
         try:
             first = await anext(items)
         except (UpstreamError, EngineUnavailable, UntraceableReply) as e:
-            if forced is not None and isinstance(e, UpstreamError) and "json_schema" in e.message:
-                return error_response(  # in the caller's terms, not the engine's field
-                    dialect, 400, f"the forced tool call's schema was refused: {e.message}", "tools"
+            if schema_param and isinstance(e, UpstreamError) and "json_schema" in e.message:
+                what = "forced tool call's" if forced is not None else "response format's"
+                why = e.message.rpartition("json_schema: ")[2]  # not the engine's field name
+                return error_response(
+                    dialect,
+                    400,
+                    f"{schema_param}: the {what} schema was refused: {why}",
+                    schema_param,
                 )
             return self._generation_error(dialect, e)
         if parsed.stream:
@@ -423,14 +432,14 @@ class Gateway:
     async def _stream(
         self,
         request: web.Request,
-        turn: _PendingTurn,
-        first: str | Completion,
-        items: AsyncIterator[str | Completion],
+        turn: PendingTurn,
+        first: Progress | Completion,
+        items: AsyncIterator[Progress | Completion],
     ) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        writer = turn.dialect.chunk_writer(self.model_name, turn.rid, turn.parsed)
+        writer = turn.dialect.chunk_writer(self.model_name, turn.rid, turn.parsed, self.tokenizer)
         gone = False
         try:
             await resp.prepare(request)
@@ -448,44 +457,41 @@ class Gateway:
                 gone = True  # keep generating: the turn is still recorded
                 self.counters["client_disconnected"] += 1
 
-        await send(writer.start(len(turn.prompt.ids)))
         emitted, completion = "", None
 
-        async def show(item: str | Completion) -> None:
+        async def show(item: Progress | Completion) -> None:
             nonlocal emitted, completion
             if isinstance(item, Completion):
                 completion = item
             elif not self.renderer.reasoning and not turn.forced:  # a forced call: no text
-                safe = streamable_prefix(item)
+                safe = streamable_prefix(item.text)
                 if len(safe) > len(emitted) and safe.startswith(emitted):
-                    await send(writer.text(safe[len(emitted) :]))
+                    await send(writer.text(safe[len(emitted) :], item.ids, item.logprobs))
                     emitted = safe
 
-        try:
+        try:  # after the 200 went out, every failure is an error event
+            await send(writer.start(len(turn.prompt.ids)))
             await show(first)
             async for item in items:
                 await show(item)
-        except Exception as e:  # after the 200 went out, every failure is an error event
-            status, message = classify(e)
+            assert completion is not None
+            note_completion(request, completion)
+            outcome = self._outcome(completion, turn)
+            content = outcome.parsed.content
+            rest = content[len(emitted) :] if content.startswith(emitted) else ""
+            await send(writer.finish(outcome, rest))
+            status, failure = 500, None
+            if turn.state is not None:
+                failure = await self._record(turn, outcome, self._response(turn, outcome), gone)
+        except Exception as e:
+            status, failure = classify(e)
             if status == 500 and not isinstance(e, UntraceableReply):
                 log.exception("streamed generation failed")
             self.counters["generation_failed"] += 1
-            request[STREAM_ERROR_KEY] = message
-            await send(writer.error(status, message))
+        if failure is not None:
+            request[STREAM_ERROR_KEY] = failure
+            await send(writer.error(status, failure))
             return await close_stream(resp)
-        assert completion is not None
-        note_completion(request, completion)
-        outcome = self._outcome(completion, turn)
-        content = outcome.parsed.content
-        await send(
-            writer.finish(outcome, content[len(emitted) :] if content.startswith(emitted) else "")
-        )
-        if turn.state is not None:
-            failure = await self._record(turn, outcome, self._response(turn, outcome), gone)
-            if failure is not None:
-                request[STREAM_ERROR_KEY] = failure
-                await send(writer.error(500, failure))
-                return await close_stream(resp)
         await send(writer.end())
         return await close_stream(resp)
 
@@ -498,14 +504,19 @@ class Gateway:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, self.renderer.tokenize, text)
 
-    def _outcome(self, completion: Completion, turn: _PendingTurn) -> Outcome:
+    def _outcome(self, completion: Completion, turn: PendingTurn) -> Outcome:
         """The reply as the API shows it: a forced call's prefix (context) and what the model
-        sampled after it, parsed together."""
-        parsed = parse_output(turn.forced + completion.text, self.renderer.reasoning)
+        sampled after it, parsed together (a call the budget cut is a call in progress). What
+        the caller sees is only ever what was sampled: a forced reply that makes no call is
+        its sampled text alone, never the prefix."""
+        cut = completion.finish == "length"
+        parsed = parse_output(turn.forced + completion.text, self.renderer.reasoning, cut)
+        if turn.forced and not parsed.tool_calls:
+            parsed = parse_output(completion.text, self.renderer.reasoning, cut)
         ids = [turn.dialect.new_tool_call_id() for _ in parsed.tool_calls]
         return Outcome(completion, parsed, ids)
 
-    def _response(self, turn: _PendingTurn, outcome: Outcome) -> dict[str, Any]:
+    def _response(self, turn: PendingTurn, outcome: Outcome) -> dict[str, Any]:
         return turn.dialect.response(
             outcome, turn.parsed, self.model_name, turn.rid, self.tokenizer
         )
@@ -517,7 +528,7 @@ class Gateway:
 
     async def _record(
         self,
-        turn: _PendingTurn,
+        turn: PendingTurn,
         outcome: Outcome,
         response: dict[str, Any],
         client_disconnected: bool,
@@ -535,7 +546,7 @@ class Gateway:
     async def _commit(
         self,
         state: SessionState,
-        turn: _PendingTurn,
+        turn: PendingTurn,
         outcome: Outcome,
         response: dict[str, Any],
         client_disconnected: bool,
@@ -550,7 +561,7 @@ class Gateway:
                 prompt_ids=prompt.ids,
                 completion_ids=c.ids,
                 completion_logprobs=c.logprobs,
-                finish_reason="tool_calls" if outcome.has_calls else c.finish,
+                finish_reason=outcome.finish,
                 weight_version=c.weight_version,
                 weight_version_min=c.weight_version_min,
                 client_disconnected=client_disconnected,
@@ -575,21 +586,6 @@ def engine_rid(sid: str | None, response_id: str) -> str:
     traffic spreads over the engines instead of all sharing one key."""
     session = sid or "untraced_" + response_id.replace("-", "_")
     return f"{session}-{response_id}"
-
-
-@dataclass(frozen=True)
-class _PendingTurn:
-    """One generation request, parsed, before its reply: what recording its turn needs."""
-
-    dialect: Dialect
-    state: SessionState | None
-    """Its session; None: untraced (admin-key evals)."""
-    body: dict[str, Any]
-    parsed: ApiRequest
-    prompt: Prompt
-    rid: str
-    forced: str = ""
-    """A forced tool call's prefix, at the end of the prompt (context, not sampled)."""
 
 
 __all__ = ["Gateway", "StoreError", "key_hash", "normalize_path"]

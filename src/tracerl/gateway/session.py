@@ -7,8 +7,10 @@ episode trains on exactly the tokens the model sampled, and the cost of a turn d
 the context. Assistant messages the client echoes back are rendered with the model's raw output
 (tool-call markup as sampled), which is what makes the texts line up.
 
-`forced_call_of` gives the prefix and schema of a tool call the request forces, and
-`fit_budget` fits a request's token budget into the context its prompt leaves.
+`forced_call_of` gives the prefix and schema of a tool call the request forces, `constrain`
+picks the JSON schema the engine enforces on the reply, `fit_budget` fits a request's token
+budget into the context its prompt leaves, and a `PendingTurn` is what recording the request's
+turn will need.
 
 The state lives in memory; after a gateway restart a session's next turn starts a new trajectory
 (its earlier turns stay recorded).
@@ -17,11 +19,12 @@ The state lives in memory; after a gateway restart a session's next turn starts 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracerl.gateway.api import ANY_TOOL, ApiRequest
+from tracerl.gateway.api import ANY_TOOL, ApiRequest, Dialect
 from tracerl.gateway.messages import BadRequest, canonical_assistant
 from tracerl.gateway.render import ChatRenderer, ForcedCall, forced_call
 
@@ -154,3 +157,33 @@ def forced_call_of(parsed: ApiRequest) -> ForcedCall | None:
         return None
     name = None if parsed.forced_tool == ANY_TOOL else parsed.forced_tool
     return forced_call(name, parsed.tools)
+
+
+def constrain(parsed: ApiRequest, forced: ForcedCall | None) -> str | None:
+    """Set the JSON schema the engine must enforce on the reply (`spec.json_schema`) and return
+    the caller's field it came from, for an engine's refusal of it; None when nothing is
+    enforced. A forced call's schema comes first. A structured-output format is enforced
+    unless the model may call tools on this turn: an engine's constraint covers the whole
+    reply, so it would rule out the call the caller allowed."""
+    if forced is not None:
+        parsed.spec.json_schema = json.dumps(forced.schema)
+        return "tools"
+    if parsed.output_schema is not None and not parsed.tools:
+        parsed.spec.json_schema = json.dumps(parsed.output_schema)
+        return parsed.output_schema_param
+    return None
+
+
+@dataclass(frozen=True)
+class PendingTurn:
+    """One generation request, parsed, before its reply: what recording its turn needs."""
+
+    dialect: Dialect
+    state: SessionState | None
+    """Its session; None: untraced (admin-key evals)."""
+    body: dict[str, Any]
+    parsed: ApiRequest
+    prompt: Prompt
+    rid: str
+    forced: str = ""
+    """A forced tool call's prefix, at the end of the prompt (context, not sampled)."""
