@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -124,7 +125,10 @@ class TwoNodes:
 
     def __init__(self, tmp: Path, port: int) -> None:
         self.address = f"127.0.0.1:{port}"
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token"}  # Ray's token auth, on all nodes
+        # Ray's token auth on all nodes, with a token of this cluster's own: a fresh machine has
+        # no ~/.ray/auth_token, and `ray start` does not create one (the head exits at once)
+        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+        self.started: list[tuple[Path, subprocess.Popen[bytes]]] = []  # log, `ray start`
         ray = str(Path(sys.executable).parent / "ray")
         common = ["--node-ip-address", "127.0.0.1", "--disable-usage-stats", "--block"]
         self.head = self._start(
@@ -141,10 +145,12 @@ class TwoNodes:
         self.nodes = self._until_nodes(2)
 
     def _start(self, log: Path, argv: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            argv, stdout=open(log, "ab"), stderr=subprocess.STDOUT,
+        process = subprocess.Popen(
+            argv, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115 (the node's)
             start_new_session=True, env=self.env,
         )  # fmt: skip
+        self.started.append((log, process))
+        return process
 
     def _until_nodes(self, count: int) -> dict[str, dict[str, float]]:
         """Node id -> resources, once `count` nodes are alive (each probe a fresh process)."""
@@ -154,6 +160,10 @@ class TwoNodes:
         )
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
+            for log, process in self.started:
+                if process.poll() is not None:  # `--block`: a node that exits has failed
+                    self.stop()
+                    raise AssertionError(f"`ray start` exited:\n{log.read_text()[-3000:]}")
             out = subprocess.run(
                 [sys.executable, "-c", probe], capture_output=True, env=self.env, timeout=120
             )
@@ -162,16 +172,20 @@ class TwoNodes:
                 if len(nodes) >= count:
                     return nodes
             time.sleep(1)
-        raise AssertionError(f"{count} Ray node(s) did not come up")
+        self.stop()
+        raise AssertionError(
+            f"{count} Ray node(s) did not come up; the last probe said:\n"
+            f"{out.stderr.decode(errors='replace')[-3000:]}"
+        )
 
     def node_with(self, resource: str) -> str:
         return next(n for n, r in self.nodes.items() if resource in r)
 
     def stop(self) -> None:
-        for process in (self.worker, self.head):
+        for _, process in reversed(self.started):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
-        for process in (self.worker, self.head):
+        for _, process in reversed(self.started):
             try:
                 process.wait(60)
             except subprocess.TimeoutExpired:
