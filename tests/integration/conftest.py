@@ -49,7 +49,10 @@ async def make_gateway(tiny, tmp_path) -> AsyncIterator[Callable[..., Any]]:
     _, tokenizer = tiny
     started: list[tuple[Any, TraceStore]] = []
 
-    async def build(engine: Any, store: TraceStore | None = None, **options: Any) -> GatewayHandle:
+    async def build(
+        engine: Any, store: TraceStore | None = None, tokenizer: Any = tokenizer, **options: Any
+    ) -> GatewayHandle:
+        """`tokenizer`: another chat template's (default: the `tiny` model's)."""
         store = store or SQLiteTraceStore(tmp_path / f"traces-{len(started)}.sqlite")
         info = await engine.model_info()
         gateway = Gateway(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -128,6 +129,9 @@ def test_launch_commands_carry_the_engine_settings() -> None:
     assert f"--kv-cache-memory-bytes {4096 * 30 * 3 * 64 * 2 * 4}" in joined
     assert argv[-1] == "--enforce-eager" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert "--stream-interval 8" in joined and env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "60"
+    # compact JSON under a schema: vLLM reads this from its server config, not from requests
+    at = argv.index("--structured-outputs-config")
+    assert json.loads(argv[at + 1]) == {"backend": "guidance", "disable_any_whitespace": True}
     sglang, _ = launch_command(config.model_copy(update={"backend": "sglang"}), smol, 8124)
     joined = " ".join(sglang)
     for flag in ("sglang.launch_server", "--model-path", "--incremental-streaming-output",

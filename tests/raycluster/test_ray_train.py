@@ -65,6 +65,8 @@ def test_a_run_on_ray_has_the_shape_of_the_local_run(
         assert ours.keys() - POLLED == theirs.keys() - POLLED
     assert {m["perf/trainer_ranks"] for m in ray_lines} == {2.0}
     assert {m["cluster/engines_active"] for m in ray_lines} == {2.0}
+    # the weight probe passed after every push: both engines, the object store, 2 shards
+    assert all(m["weights/probe_logprob_diff"] < 2e-4 for m in ray_lines + local_lines)
     assert trained_sessions(ray_run.run_dir) >= STEPS * 8  # batch_size 8 per step
     # the same checkpoints, whichever rank count wrote them (DCP shards: one file per rank)
     ray_ckpt, local_ckpt = checkpoint_files(ray_run.run_dir), checkpoint_files(local.run_dir)

@@ -7,11 +7,13 @@ by the engine pool as `tracerl train` launches it; the kill -9 test runs last (i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import openai
@@ -47,36 +49,49 @@ def request(rid: str, n: int, **params: Any) -> GenerateRequest:
     )
 
 
-async def test_ids_and_logprobs_recorded_through_the_gateway_are_the_models(
-    vllm_pool: EnginePool, smol: tuple[Any, Any], tmp_path: Path
-) -> None:
-    model, tokenizer = smol
+@contextlib.asynccontextmanager
+async def gateway_session(
+    pool: EnginePool, tokenizer: Any, tmp_path: Path
+) -> AsyncIterator[tuple[openai.AsyncOpenAI, Callable[[], Awaitable[dict[str, Any]]]]]:
+    """A gateway over the vLLM pool on 127.0.0.1 and one session on it: the session's openai
+    client, and a function reading its trace."""
     store = SQLiteTraceStore(tmp_path / "traces.sqlite")
-    gateway = Gateway(vllm_pool, tokenizer, store, model_name="smollm2-135m",
-                      eos_ids={tokenizer.eos_token_id})  # fmt: skip
+    gateway = Gateway(pool, tokenizer, store, model_name="smollm2-135m",
+                      eos_ids={tokenizer.eos_token_id}, max_model_len=8192)  # fmt: skip
     runner, port = await start_server(gateway.app(), "127.0.0.1", 0, cancel_on_disconnect=False)
     url, admin = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {gateway.admin_key}"}
     try:
         async with aiohttp.ClientSession() as http:
             async with http.post(f"{url}/sessions", headers=admin) as resp:
                 session = await resp.json()
-            client = openai.AsyncOpenAI(
+
+            async def trace() -> dict[str, Any]:
+                async with http.get(f"{url}/sessions/{session['session_id']}", headers=admin) as r:
+                    return dict(await r.json())
+
+            async with openai.AsyncOpenAI(
                 base_url=session["openai_base_url"], api_key=session["api_key"]
-            )
-            messages: Any = [{"role": "user", "content": "Name three colours."}]
-            reply = await client.chat.completions.create(
-                model="m", messages=messages, max_tokens=24, temperature=1.0
-            )
-            streamed = await client.chat.completions.create(
-                model="m", messages=messages, max_tokens=24, temperature=0.7, stream=True
-            )
-            text = "".join([c.choices[0].delta.content or "" async for c in streamed if c.choices])
-            await client.close()
-            async with http.get(f"{url}/sessions/{session['session_id']}", headers=admin) as r:
-                trace = await r.json()
+            ) as client:
+                yield client, trace
     finally:
         await runner.cleanup()
         await store.close()
+
+
+async def test_ids_and_logprobs_recorded_through_the_gateway_are_the_models(
+    vllm_pool: EnginePool, smol: tuple[Any, Any], tmp_path: Path
+) -> None:
+    model, tokenizer = smol
+    async with gateway_session(vllm_pool, tokenizer, tmp_path) as (client, read_trace):
+        messages: Any = [{"role": "user", "content": "Name three colours."}]
+        reply = await client.chat.completions.create(
+            model="m", messages=messages, max_tokens=24, temperature=1.0
+        )
+        streamed = await client.chat.completions.create(
+            model="m", messages=messages, max_tokens=24, temperature=0.7, stream=True
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in streamed if c.choices])
+        trace = await read_trace()
     first, second = trace["turns"]
     assert reply.choices[0].message.content
     assert tokenizer.decode(second["completion_ids"], skip_special_tokens=True).startswith(text)
@@ -205,11 +220,6 @@ async def test_forced_tool_calls_through_the_responses_api_on_vllm(
     call's start into the prompt and vLLM's structured outputs hold what SmolLM2 samples after
     it (at temperature 1) to the tools' schemas."""
     _, tokenizer = smol
-    store = SQLiteTraceStore(tmp_path / "traces.sqlite")
-    gateway = Gateway(vllm_pool, tokenizer, store, model_name="smollm2-135m",
-                      eos_ids={tokenizer.eos_token_id}, max_model_len=8192)  # fmt: skip
-    runner, port = await start_server(gateway.app(), "127.0.0.1", 0, cancel_on_disconnect=False)
-    url, admin = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {gateway.admin_key}"}
     weather = {
         "type": "function", "name": "get_weather", "description": "The weather in a city",
         "parameters": {
@@ -224,26 +234,15 @@ async def test_forced_tool_calls_through_the_responses_api_on_vllm(
     }  # fmt: skip
     choices: list[Any] = [{"type": "function", "name": "get_weather"}] * 3 + ["required"] * 3
     replies = []
-    try:
-        async with aiohttp.ClientSession() as http:
-            async with http.post(f"{url}/sessions", headers=admin) as resp:
-                session = await resp.json()
-            client = openai.AsyncOpenAI(
-                base_url=session["openai_base_url"], api_key=session["api_key"]
-            )
-            for choice in choices:
-                replies.append(
-                    await client.responses.create(
-                        model="m", input="What is the weather in Paris?", tools=[weather, clock],  # type: ignore[list-item]
-                        tool_choice=choice, temperature=1.0, max_output_tokens=48,
-                    )
-                )  # fmt: skip
-            await client.close()
-            async with http.get(f"{url}/sessions/{session['session_id']}", headers=admin) as r:
-                trace = await r.json()
-    finally:
-        await runner.cleanup()
-        await store.close()
+    async with gateway_session(vllm_pool, tokenizer, tmp_path) as (client, read_trace):
+        for choice in choices:
+            replies.append(
+                await client.responses.create(
+                    model="m", input="What is the weather in Paris?", tools=[weather, clock],  # type: ignore[list-item]
+                    tool_choice=choice, temperature=1.0, max_output_tokens=48,
+                )
+            )  # fmt: skip
+        trace = await read_trace()
     turns = trace["turns"]
     assert tokenizer.decode(turns[0]["prompt_ids"]).endswith(
         '<tool_call>\n{"name": "get_weather", "arguments": '
@@ -281,3 +280,152 @@ async def test_kill_9_of_the_server_mid_generation_is_survived(vllm_pool: Engine
     assert chunks[-1].finish_reason == "length"
     assert vllm_pool.counters["restarts"] == 1
     assert (await vllm_pool.model_info())["weight_version"] == 3  # restarted on v3's weights
+
+
+async def test_structured_outputs_on_vllm_validate_and_are_recorded(
+    vllm_pool: EnginePool, smol: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """`response_format` json_schema (through the SDK's parse helper, whole and streamed) and
+    the Responses API's `text.format`: vLLM's structured outputs hold what SmolLM2 samples at
+    temperature 1 to the schema, and each reply is recorded like any turn."""
+    from pydantic import BaseModel
+
+    class Trip(BaseModel):
+        city: Literal["Paris", "Rome", "Lima"]
+        days: Literal[1, 2, 3]
+        by_train: bool
+
+    _, tokenizer = smol
+    question = [{"role": "user", "content": "Plan a short trip."}]
+    parsed: list[Any] = []
+    async with gateway_session(vllm_pool, tokenizer, tmp_path) as (client, read_trace):
+        for _ in range(3):
+            reply = await client.chat.completions.parse(
+                model="m", messages=question, response_format=Trip, temperature=1.0,  # type: ignore[arg-type]
+                max_tokens=64,
+            )  # fmt: skip
+            parsed.append(reply.choices[0].message.parsed)
+        async with client.chat.completions.stream(
+            model="m", messages=question, response_format=Trip, temperature=1.0,  # type: ignore[arg-type]
+            max_tokens=64,
+        ) as stream:  # fmt: skip
+            parsed.append((await stream.get_final_completion()).choices[0].message.parsed)
+        answer = await client.responses.parse(
+            model="m", input="Plan a short trip.", text_format=Trip, max_output_tokens=64
+        )
+        parsed.append(answer.output_parsed)
+        trace = await read_trace()
+    assert all(isinstance(p, Trip) for p in parsed), parsed
+    turns = trace["turns"]
+    assert len(turns) == 5
+    for turn, value in zip(turns, parsed, strict=True):
+        text = tokenizer.decode(turn["completion_ids"], skip_special_tokens=True)
+        assert Trip.model_validate_json(text) == value  # the record is what the client parsed
+        assert turn["finish_reason"] == "stop"
+
+
+async def test_an_update_reaches_a_tied_output_layer(
+    vllm_pool: EnginePool, smol: tuple[Any, Any], tmp_path: Path
+) -> None:
+    """SmolLM2 ties its output layer to its embedding. An update exported by the trainer
+    (`export_hf`) that changes the embedding must change the output layer vLLM samples with
+    too: its log-probs after the update are the updated model's (vLLM's layerwise reload had
+    kept the output layer it had, the initial one, logging "ParallelLMHead: Failed to load
+    weights")."""
+    from tracerl.train.checkpoint import export_hf
+
+    model, tokenizer = smol
+    assert model.config.tie_word_embeddings
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(0)
+    with torch.no_grad():  # the embedding, and with it the tied output layer
+        embedding = model.get_input_embeddings().weight
+        embedding.add_(0.05 * torch.randn_like(embedding))
+    try:
+        export_hf(tmp_path / "tied", model, tokenizer)
+        await vllm_pool.update_weights(str(tmp_path / "tied"), 20)
+        prompt = tokenizer("The capital of France is", add_special_tokens=False)["input_ids"]
+        out = await vllm_pool.generate(
+            GenerateRequest.model_validate(
+                {"rid": "tied-1", "input_ids": prompt,
+                 "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "seed": 3}}
+            )
+        )  # fmt: skip
+        reference = reference_logprobs(model, prompt, out.output_ids, 1.0)
+    finally:
+        model.load_state_dict(state)  # the shared reference model is left as it was
+        # vLLM keeps the output layer of an update that names none: restore it by name too
+        await vllm_pool.update_weights(str(export_hf(tmp_path / "base", model, tokenizer)), 21)
+    delta = (torch.tensor(out.output_logprobs) - reference).abs().max().item()
+    assert out.weight_version == 20
+    assert delta < LOGPROB_TOLERANCE, f"max |logprob delta| {delta:.2e} after a tied update"
+
+
+async def test_the_weight_probe_passes_a_whole_update_and_names_a_stale_tied_layer(
+    vllm_pool: EnginePool, tmp_path: Path
+) -> None:
+    """The probe `tracerl train` runs after every push (`tracerl.run.probe`), on vLLM with
+    SmolLM2's tied output layer and a real `Trainer`: an update without the output layer's file
+    (what exports were before the fix) leaves vLLM on the output layer it had, the initial one
+    here, and the check fails naming the engine and that layer; the whole export passes."""
+    import shutil
+
+    from tracerl.config.train import TrainerConfig
+    from tracerl.run.probe import PROBE_TEXT, TOLERANCE, Probe, WeightProbeError, check
+    from tracerl.train import Trainer
+    from tracerl.train.checkpoint import TIED_HEAD_FILE, export_hf
+
+    trainer = Trainer(TrainerConfig(model="smollm2-135m"), device="cpu")
+    prompt = trainer.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    probe = Probe(prompt, 1.0, TOLERANCE["float32"])
+    base = export_hf(tmp_path / "base", trainer.actor, trainer.tokenizer)  # every layer named
+    torch.manual_seed(1)
+    with torch.no_grad():
+        embedding = trainer.actor.get_input_embeddings().weight
+        embedding.add_(0.05 * torch.randn_like(embedding))
+    whole = export_hf(tmp_path / "whole", trainer.actor, trainer.tokenizer)
+    stale = tmp_path / "stale"
+    shutil.copytree(whole, stale)
+    (stale / TIED_HEAD_FILE).unlink()
+    try:
+        await vllm_pool.update_weights(str(base), 30)  # the initial weights, output layer too
+        await vllm_pool.update_weights(str(stale), 31)
+        with pytest.raises(WeightProbeError) as failed:
+            await check(vllm_pool, trainer, probe, 31)
+        await vllm_pool.update_weights(str(whole), 32)
+        passed = await check(vllm_pool, trainer, probe, 32)
+    finally:
+        await vllm_pool.update_weights(str(base), 33)
+    message = str(failed.value)
+    assert message.startswith("engine 'launched-0' (vllm engine 0, log "), message
+    assert "after loading the weights of step 31, its log-probs" in message
+    assert "initial weights: lm_head (tied to model.embed_tokens)." in message, message
+    assert passed < probe.tolerance
+
+
+async def test_an_exported_checkpoint_is_what_vllm_serves(
+    vllm_pool: EnginePool, tmp_path: Path
+) -> None:
+    """`tracerl export` of a trainer's checkpoint loads into vLLM as the trained model: after
+    the update, the probe's log-probs on vLLM equal the trainer's."""
+    from tracerl.cli.main import main
+    from tracerl.config.train import TrainerConfig
+    from tracerl.run.probe import PROBE_TEXT, TOLERANCE, Probe, check
+    from tracerl.train import Trainer
+    from tracerl.train.checkpoint import export_hf
+
+    trainer = Trainer(TrainerConfig(model="smollm2-135m"), device="cpu")
+    base = export_hf(tmp_path / "base", trainer.actor, trainer.tokenizer)
+    torch.manual_seed(2)
+    with torch.no_grad():  # as a few steps would: every layer moves
+        for p in trainer.actor.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    trainer.save_checkpoint(tmp_path / "run" / "checkpoints")
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "exported")]) == 0
+    prompt = trainer.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    try:
+        await vllm_pool.update_weights(str(tmp_path / "exported"), 40)
+        diff = await check(vllm_pool, trainer, Probe(prompt, 1.0, TOLERANCE["float32"]), 40)
+    finally:
+        await vllm_pool.update_weights(str(base), 41)
+    assert diff < TOLERANCE["float32"]

@@ -27,6 +27,8 @@ def test_train_runs_real_steps_with_vllm_generating(tmp_path: Path) -> None:
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
     assert all(s["time/weight_sync_s"] > 0 for s in steps)
+    # the weight probe ran after each push (SmolLM2 ties its output layer) and passed
+    assert all(0 <= s["weights/probe_logprob_diff"] < 2e-4 for s in steps), steps
     assert "Application startup complete" in (run_dir / "logs" / "engine-0.log").read_text()
     assert (run_dir / "weights" / "model.safetensors").is_file()  # what vLLM reloaded
     with sqlite3.connect(run_dir / "traces.sqlite") as db:

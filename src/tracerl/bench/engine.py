@@ -8,6 +8,9 @@ on both sides, in one run:
   each batch left-padded and run to its longest output (EOS disabled on both sides so every request
   produces exactly its length).
 
+`--forward both` also runs the generic path (the model's own forward, one sequence at a time:
+`tracerl.engine.generic`) on the same work in the same rounds, beside the slot cache.
+
 Throughput counts requested tokens only (what a caller receives) per wall-clock second. Both
 sides run in this process on the same model object; the engine is driven through its Python API
 (the HTTP layer adds well under a millisecond per request).
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -116,6 +120,7 @@ class _Totals:
     tokens: int = 0
     engine_s: float = 0.0
     generate_s: float = 0.0
+    generic_s: float = 0.0
     round_ratios: list[float] = field(default_factory=list)
 
 
@@ -125,13 +130,26 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
     lengths = (8, 80) if args.quick else (16, 160)
     n_seq, n_conc = (3, 32) if args.quick else (4, args.requests)
     rounds = args.rounds if args.rounds is not None else 2
-    engine = LocalEngine(
-        EngineConfig(model=args.model, max_running_requests=16), model=model, tokenizer=tokenizer
-    )
+    both = args.forward == "both"
+    forward = "slots" if both else args.forward
+
+    def engine_for(path: str) -> LocalEngine:
+        config = EngineConfig.model_validate(
+            {"model": args.model, "max_running_requests": 16, "forward": path}
+        )
+        return LocalEngine(config, model=model, tokenizer=tokenizer)
+
+    engine = engine_for(forward)
+    generic = engine_for("generic") if both else None
     totals = {label: _Totals() for label in ("c1", "c16")}
-    async with engine:
+    async with contextlib.AsyncExitStack() as stack:
+        for started in (engine, generic):
+            if started is not None:
+                await stack.enter_async_context(started)
         warm = workload(tokenizer, 1, (8, 8), seed=0)
         await run_engine(engine, warm, 1)
+        if generic is not None:
+            await run_engine(generic, warm, 1, tag="g")
         _run_generate(model, tokenizer, warm, 1)
         # Rounds alternate the two sides so both see the same machine conditions (memory
         # bandwidth here varies by +-20 % between minutes); figures are totals over rounds.
@@ -142,6 +160,8 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
                 engine_s = tokens / await run_engine(engine, work, conc)
                 generate_s = tokens / _run_generate(model, tokenizer, work, conc)
                 t = totals[label]
+                if generic is not None:
+                    t.generic_s += tokens / await run_engine(generic, work, conc, tag="g")
                 t.tokens += tokens
                 t.engine_s += engine_s
                 t.generate_s += generate_s
@@ -156,9 +176,14 @@ async def _measure(args: argparse.Namespace) -> dict[str, Any]:
             "ratio": round(t.generate_s / t.engine_s, 3),
             "round_ratios": t.round_ratios,
         }
+        if both:
+            results[label]["generic_tokens_per_s"] = round(t.tokens / t.generic_s, 2)
+            results[label]["slots_vs_generic"] = round(t.generic_s / t.engine_s, 3)
     return {
         "benchmark": "engine",
         "model": args.model,
+        "forward": args.forward,
+        "runner": type(engine.runner).__name__,
         "threads": torch.get_num_threads(),
         "output_lengths": list(lengths),
         "rounds": rounds,

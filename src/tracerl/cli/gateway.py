@@ -25,6 +25,23 @@ from tracerl.config import (
 from tracerl.telemetry import Telemetry, start_telemetry
 
 
+def _use_template(config: GatewayConfig, tokenizer: Any) -> None:
+    """`gateway.chat_template` onto the tokenizer the gateway renders with; a model without a
+    template and no setting is a `ConfigError` naming it."""
+    from tracerl.chat_templates import read_template
+
+    if config.chat_template is not None:
+        try:
+            tokenizer.chat_template = read_template(config.chat_template)
+        except ValueError as e:
+            raise ConfigError(f"gateway.chat_template: {e}") from None
+    if not tokenizer.chat_template:
+        raise ConfigError(
+            f"gateway.chat_template: {config.model} has no chat template; set "
+            "--gateway.chat_template to a built-in one (chatml, gemma) or a Jinja file"
+        )
+
+
 async def _gateway_up(
     config: GatewayConfig, engine: Any, tokenizer: Any, telemetry: Telemetry
 ) -> tuple[Any, Any, Any, str]:
@@ -32,6 +49,7 @@ async def _gateway_up(
     from tracerl.gateway.server import Gateway
     from tracerl.gateway.store import open_store
 
+    _use_template(config, tokenizer)
     info = await engine.model_info()
     store = await open_store(config.store, config.store_synchronous)
     gateway = Gateway(

@@ -111,8 +111,10 @@ def _set(target: dict[str, Any], key: str, value: Any) -> None:
 
 def _cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from tracerl.cli.train import prepare_run_dir, run_train
+    from tracerl.run.preflight import check_model
 
     config = load_config(TrainCommandConfig, args.config, overrides)
+    check_model(config)  # before the run directory: a bad model leaves nothing behind
     run_dir = prepare_run_dir(args.config, args.run_dir, args.resume)
     save_resolved_config(config, str(run_dir))
     return run_train(config, run_dir, resume=args.resume)
@@ -138,6 +140,17 @@ def _cmd_view(args: argparse.Namespace, overrides: list[str]) -> int:
     from tracerl.cli.view import run_view
 
     return run_view(config)
+
+
+def _cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"export takes no overrides, got {overrides}")
+    from pathlib import Path
+
+    from tracerl.train.export import export_checkpoint
+
+    print(export_checkpoint(Path(args.run_dir), Path(args.out), args.step))
+    return 0
 
 
 def _cmd_cluster(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -258,6 +271,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     view.set_defaults(func=_cmd_view)
 
+    export = sub.add_parser(
+        "export",
+        help="a run's trained model as a Hugging Face directory (transformers, vLLM)",
+        description="Write the actor of RUN_DIR's checkpoint (the newest, or --step N) to OUT: "
+        "safetensors, config, tokenizer and chat template; no optimizer state.",
+    )
+    export.add_argument("run_dir", help="a run directory with checkpoints/")
+    export.add_argument("out", help="a new (or empty) directory to write")
+    export.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    export.set_defaults(func=_cmd_export)
+
     cluster = sub.add_parser("cluster", help="what a run's trainer ranks and engines run on")
     cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True)
     cluster_status = cluster_sub.add_parser(
@@ -287,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="timed rounds of each side (engine: 2 alternating engine/generate rounds; "
         "train, step: 3 steps each)",
+    )
+    bench.add_argument(
+        "--forward",
+        choices=("auto", "slots", "generic", "both"),
+        default="auto",
+        help="engine: the embedded engine's forward (engine.forward); both: the generic path "
+        "measured beside the slot cache, in the same rounds",
     )
     bench.add_argument("--sessions", type=int, default=500, help="faults: soak sessions")
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration")

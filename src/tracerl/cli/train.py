@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 
 from tracerl import eventloop
@@ -27,7 +28,12 @@ def prepare_run_dir(config_path: str, run_dir: str | None, resume: bool) -> Path
 
 def run_train(config: TrainCommandConfig, run_dir: Path, resume: bool = False) -> int:
     from tracerl.run.loop import RLLoop
+    from tracerl.run.probe import WeightProbeError
 
     with contextlib.suppress(KeyboardInterrupt):
-        return eventloop.run(RLLoop(config, run_dir, resume).run())
+        try:
+            return eventloop.run(RLLoop(config, run_dir, resume).run())
+        except WeightProbeError as e:  # the run's own words; the traceback adds nothing
+            print(f"tracerl train: {e}", file=sys.stderr)
+            return 1
     return 130

@@ -96,6 +96,14 @@ class TrainerRank:
     def export(self, path: str) -> str:
         return str(self.trainer.export(path))
 
+    def probe_logprobs(self, token_ids: list[int], prompt_len: int) -> list[float]:
+        return self.trainer.probe_logprobs(token_ids, prompt_len)
+
+    def probe_suspects(
+        self, token_ids: list[int], prompt_len: int, engine_logprobs: list[float]
+    ) -> list[str]:
+        return self.trainer.probe_suspects(token_ids, prompt_len, engine_logprobs)
+
     def pack_weights(self) -> list[Any] | None:
         """Every rank gathers; rank 0 puts the engines' files in the object store:
         `[reference]` (a list, so the caller gets the reference, not the bytes)."""
@@ -114,9 +122,8 @@ class RayTrainer:
     def __init__(self, config: TrainerConfig, cluster: ClusterConfig) -> None:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-        from transformers import AutoTokenizer
 
-        from tracerl.models import resolve_model
+        from tracerl.models import load_tokenizer, resolve_model
 
         ray = import_ray()
         self.config = config
@@ -147,7 +154,7 @@ class RayTrainer:
             self.close()
             raise
         self.device = torch.device(self.placement[0]["device"])
-        self.tokenizer = AutoTokenizer.from_pretrained(resolve_model(config.model))
+        self.tokenizer = load_tokenizer(resolve_model(config.model), config.chat_template)
         self.step_count = 0
         self.weights = WeightsChannel() if cluster.weight_sync == "object_store" else None
         log.info(
@@ -191,6 +198,14 @@ class RayTrainer:
 
     def export(self, path: str | Path) -> Path:
         return Path(self._all("export", str(path))[0])
+
+    def probe_logprobs(self, token_ids: list[int], prompt_len: int) -> list[float]:
+        return list(self._all("probe_logprobs", list(token_ids), prompt_len)[0])
+
+    def probe_suspects(
+        self, token_ids: list[int], prompt_len: int, engine_logprobs: list[float]
+    ) -> list[str]:
+        return list(self._all("probe_suspects", list(token_ids), prompt_len, engine_logprobs)[0])
 
     def publish_weights(self, version: int) -> str:
         """The actor's weights in the object store, named in `self.weights` (the path to give

@@ -143,6 +143,7 @@ class Packer:
         import torch
 
         from tracerl.algo.distributed import all_reduce_max
+        from tracerl.train.checkpoint import TIED_HEAD_FILE
 
         scratch = scratch_dir()
         try:
@@ -153,21 +154,27 @@ class Packer:
             shutil.rmtree(scratch, ignore_errors=True)
         # rank 0 alone read the export; every rank must agree on the next package's kind
         reusable = all_reduce_max(torch.tensor(float(names is not None)))
-        if reusable.item():
-            self.files = {k: v for k, v in files.items() if k != WEIGHTS}
+        if reusable.item():  # the weights' files: written from the tensors from now on
+            self.files = {k: v for k, v in files.items() if k not in (WEIGHTS, TIED_HEAD_FILE)}
             self.names = names or []
         return Package(files) if rank == 0 else None
 
 
 def _parameter_names(exported: Path, trainer: Any) -> list[str] | None:
-    """The names in the export's one safetensors file when each is a parameter of the actor
-    (so a later package can be serialized from the parameters), else None."""
+    """The names in the export's one safetensors file (and its tied output layer's, which a
+    later package then carries in that file) when each is a parameter of the actor (so a
+    later package can be serialized from the parameters), else None."""
     from safetensors import safe_open
 
-    if sorted(p.name for p in exported.glob("*.safetensors")) != [WEIGHTS]:
+    from tracerl.train.checkpoint import TIED_HEAD_FILE
+
+    files = sorted(p.name for p in exported.glob("*.safetensors"))
+    if files not in ([WEIGHTS], sorted([WEIGHTS, TIED_HEAD_FILE])):
         return None  # sharded into several files
-    with safe_open(str(exported / WEIGHTS), framework="pt") as f:
-        names = list(f.keys())
+    names = []
+    for name in files:
+        with safe_open(str(exported / name), framework="pt") as f:
+            names += list(f.keys())
     parameters = {n for n, _ in trainer.actor.named_parameters(remove_duplicate=False)}
     return names if set(names) <= parameters else None
 

@@ -57,6 +57,12 @@ class EngineConfig(Config):
     """Weights and KV cache dtype; `auto` is float32 on CPU (CPU half precision is slow and
     inexact) and bfloat16 on CUDA."""
 
+    forward: Literal["auto", "slots", "generic"] = "auto"
+    """The embedded engine's forward: `slots`, one batched pass over every running sequence
+    with a slot KV cache (Llama, Mistral, Qwen2/3 layouts with full attention); `generic`, the
+    model's own forward and cache, one sequence at a time (any causal LM, sliding windows
+    included, slower); `auto` takes `slots` where it runs the model exactly."""
+
     max_model_len: int | None = Field(default=None, ge=2)
     """Longest prompt + completion in tokens; unset uses the model's `max_position_embeddings`."""
 

@@ -16,6 +16,10 @@ class GatewayConfig(Config):
     model: str = "tiny"
     """Model whose tokenizer and chat template render requests (the engines' model)."""
 
+    chat_template: str | None = None
+    """A chat template replacing the model's own (a model without one needs it): a built-in
+    name (chatml, gemma: `tracerl.chat_templates`) or a Jinja file."""
+
     engine_urls: list[str] = Field(default_factory=list)
     """Running engines to attach to (`--engine-url`), of the kind `engine.backend` names; unset:
     `tracerl gateway` launches `engine.count` engines of that backend."""

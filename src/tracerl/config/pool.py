@@ -33,3 +33,11 @@ class PoolConfig(Config):
     loop on SmolLM2 (`tracerl bench loop --engine embedded`)."""
     update_timeout_s: float = Field(default=600.0, gt=0)
     """A weight sync that takes longer fails (admission reopens; nothing hangs forever)."""
+    weight_probe: bool = True
+    """In `tracerl train`, after the engines start and after every weight push, check that
+    each engine's log-probs of a fixed probe equal the trainer's (`tracerl.run.probe`): an
+    engine that did not get the weights whole stops the run with an error naming it and the
+    layers that explain the difference."""
+    weight_probe_tolerance: float | None = Field(default=None, gt=0)
+    """Largest log-prob difference the probe accepts; unset: by the coarser of the engine's
+    and the trainer's dtypes (float32 2e-4, float16 0.05, bfloat16 0.2)."""

@@ -64,8 +64,12 @@ class CriticOptimizerConfig(OptimizerConfig):
 
 class TrainerConfig(Config):
     model: str = "smollm2-135m"
-    """Actor: a built-in name (smollm2-135m, tiny) or a Hugging Face directory; the critic and
-    the reference model derive from it."""
+    """Actor: a built-in name (smollm2-135m, gemma3-270m, tiny), a Hugging Face directory or a
+    .gguf file; the critic and the reference model derive from it."""
+    chat_template: str | None = None
+    """The chat template the gateway renders with, replacing the tokenizer's own (a model
+    without one needs it): a built-in name (chatml, gemma: `tracerl.chat_templates`) or a Jinja
+    file. Exports (`tracerl export`) carry it."""
     algorithm: Algorithm = "ppo"
     """ppo (learned critic, GAE) or a group baseline: grpo, dr_grpo, rloo."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -95,7 +99,8 @@ class TrainerConfig(Config):
     share_prefix: bool = True
     """bucket: forward the prompt a group's samples share once per micro-batch row (a tree
     attention mask) instead of once per sample; the outputs are the same. With 8 samples of a
-    50-token prompt and 12-token answers it cuts the tokens processed ~3x."""
+    50-token prompt and 12-token answers it cuts the tokens processed ~3x. Off for a model
+    with a sliding window (the tree mask would replace its windowed one)."""
     bucket_split_cost: float = Field(default=DEFAULT_BUCKET_SPLIT_COST, ge=0)
     """bucket: padded tokens one more micro-batch is worth, as a fraction of token_budget
     (lower where compute per token dominates, as on CPUs)."""

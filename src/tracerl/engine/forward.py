@@ -10,8 +10,9 @@ no gather, and a boolean mask hides each row's unused tail. Capacity grows by do
 context length, so memory follows the longest running sequence rather than the worst case.
 
 The layers' own modules (projections, norms, MLP, rotary table) do the math, so numbers match the
-model's reference forward to float tolerance. Supported: Llama, Mistral (without sliding window),
-Qwen2 and Qwen3 layouts; other architectures belong on vLLM or SGLang.
+model's reference forward to float tolerance. Supported: Llama, Mistral, Qwen2 and Qwen3 layouts
+with full attention (a sliding window no shorter than the context is full attention); every
+other model runs on the generic path (`tracerl.engine.generic`), which `make_runner` picks.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tracerl.models import sliding_window
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # Starting per-slot capacity: large enough that short chats never reallocate.
 INITIAL_CAPACITY = 256
@@ -28,6 +31,32 @@ INITIAL_CAPACITY = 256
 
 class UnsupportedModelError(ValueError):
     pass
+
+
+def slot_path_fits(config: Any, max_model_len: int) -> str | None:
+    """Why the slot-cache path cannot run this model exactly, or None when it can."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"it runs {', '.join(SUPPORTED_MODEL_TYPES)} layouts, not {config.model_type!r}"
+    window = sliding_window(config)
+    if window is not None and window < max_model_len:
+        return f"it attends to the whole context, and the model slides a {window}-token window"
+    return None
+
+
+def make_runner(model: Any, max_slots: int, max_model_len: int, path: str = "auto") -> Any:
+    """The runner of `engine.forward`: the slot-cache path where it runs the model exactly
+    (`auto`, or `slots`, which refuses a model it cannot run), else the generic path."""
+    from tracerl.engine.generic import GenericRunner
+
+    unfit = slot_path_fits(model.config, max_model_len)
+    if path == "generic" or (path == "auto" and unfit):
+        return GenericRunner(model, max_slots)  # its caches are the model's own
+    if unfit:
+        raise UnsupportedModelError(
+            f"engine.forward = 'slots': the slot-cache path cannot run this model ({unfit}); "
+            "use engine.forward = 'auto' (the generic path) or 'generic'"
+        )
+    return ModelRunner(model, max_slots, max_model_len)
 
 
 class ModelRunner:

@@ -24,7 +24,7 @@ import torch
 from tracerl.config import EngineConfig
 from tracerl.engine.constraint import ConstraintCompiler, JsonConstraint
 from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
-from tracerl.engine.forward import ModelRunner
+from tracerl.engine.forward import make_runner
 from tracerl.engine.metrics import render_metrics
 from tracerl.engine.protocol import PauseMode, collect
 from tracerl.engine.sampling import RowSampling
@@ -81,7 +81,9 @@ class LocalEngine:
                 "engine.max_model_len",
                 f"{self.max_model_len} exceeds the model's {native_len} positions",
             )
-        self.runner = ModelRunner(model, config.max_running_requests, self.max_model_len)
+        self.runner = make_runner(
+            model, config.max_running_requests, self.max_model_len, config.forward
+        )
         self.embedding_size = int(model.get_input_embeddings().num_embeddings)
         self.eos_ids = _eos_ids(model, tokenizer)
         self._constraints = ConstraintCompiler(tokenizer, self.eos_ids)

@@ -27,6 +27,7 @@ import torch
 from tracerl.engine.admission import admissible, preemption_victims
 from tracerl.engine.constraint import JsonConstraint
 from tracerl.engine.forward import ModelRunner
+from tracerl.engine.generic import GenericRunner
 from tracerl.engine.protocol import PAUSE_MODES, PauseMode
 from tracerl.engine.sampling import RowSampling, sample
 from tracerl.engine.types import FinishType, GenerateOutput, RequestError
@@ -75,7 +76,9 @@ class SchedulerCounters:
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, kv_budget: int, max_model_len: int) -> None:
+    def __init__(
+        self, runner: ModelRunner | GenericRunner, kv_budget: int, max_model_len: int
+    ) -> None:
         self.runner = runner
         self.kv_budget = kv_budget
         self.max_model_len = max_model_len

@@ -79,7 +79,8 @@ def _device(config: EngineConfig) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _dtype(config: EngineConfig) -> str:
+def resolved_dtype(config: EngineConfig) -> str:
+    """The dtype an engine of `config` runs in (`auto` resolved by its device)."""
     if config.dtype != "auto":
         return config.dtype
     return "bfloat16" if _device(config) == "cuda" else "float32"
@@ -118,6 +119,7 @@ def launch_command(
                 f"--engine.model={model_dir}",
                 f"--engine.device={config.device}",
                 f"--engine.dtype={config.dtype}",
+                f"--engine.forward={config.forward}",
                 f"--engine.kv_cache_tokens={config.kv_cache_tokens}",
                 f"--engine.max_running_requests={config.max_running_requests}",
                 f"--engine.seed={config.seed}",
@@ -125,12 +127,17 @@ def launch_command(
             if config.max_model_len is not None:
                 argv.append(f"--engine.max_model_len={config.max_model_len}")
     elif config.backend == "vllm":
-        dtype = _dtype(config)
+        dtype = resolved_dtype(config)
         argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
         argv += [*host, "--dtype", dtype, "--seed", str(config.seed)]
         argv += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
         argv += ["--stream-interval", str(VLLM_STREAM_INTERVAL)]
         argv += ["--max-num-seqs", str(config.max_running_requests)]
+        # schemas compiled by llguidance, as in the embedded engine (the same schemas accepted),
+        # into compact JSON (free whitespace lets a weak model pad until its budget runs out):
+        # vLLM 0.32 reads that from the server's config only, not from a request's
+        structured = '{"backend": "guidance", "disable_any_whitespace": true}'
+        argv += ["--structured-outputs-config", structured]
         argv += [
             "--kv-cache-memory-bytes",
             str(kv_cache_bytes(model_dir, config.kv_cache_tokens, dtype)),
@@ -143,7 +150,7 @@ def launch_command(
         env["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] = "60"
     else:  # sglang
         argv = [python, "-m", "sglang.launch_server", "--model-path", str(model_dir), *host]
-        argv += ["--dtype", _dtype(config), "--random-seed", str(config.seed)]
+        argv += ["--dtype", resolved_dtype(config), "--random-seed", str(config.seed)]
         argv += ["--enable-metrics", "--incremental-streaming-output", "--weight-version", "0"]
         argv += ["--max-total-tokens", str(config.kv_cache_tokens)]
         argv += ["--max-running-requests", str(config.max_running_requests)]

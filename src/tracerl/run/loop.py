@@ -59,7 +59,7 @@ from tracerl.control.collector import MetricsCollector
 from tracerl.control.controller import ConcurrencyController, Kind
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, Finished
 from tracerl.envs import EpisodeResult, load_dataset, make_environment
-from tracerl.run import engines, gateways, trainers
+from tracerl.run import engines, gateways, probe, trainers
 from tracerl.run.episode_log import EpisodeLog
 from tracerl.run.evals import Evals
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
@@ -145,10 +145,13 @@ class RLLoop:
         trainers.connect(self.config, self.closers)  # Ray, when placed there: nothing runs yet
         self.trainer = await asyncio.to_thread(trainers.build, self.config, self.closers)
         loop_state = await self._resume() if self.resume else {}
+        self.probe = None if self._given_engines else probe.probe_for(self.config, self.trainer)
         self.pool = await engines.start(
             self.config, self._given_engines, self.trainer, self.run_dir, self.step, self.closers,
             self.telemetry,
         )  # fmt: skip
+        if self.probe is not None:  # the engines hold the weights they start on
+            await probe.check(self.pool, self.trainer, self.probe, self.step)
         self._record_cluster()
         await self._start_gateway()
         self.episode_log = EpisodeLog(self.run_dir)  # for `tracerl view`
@@ -420,6 +423,13 @@ class RLLoop:
             servers = engines.served(c, self._given_engines)
             await engines.push(self.pool, self.trainer, self.run_dir, step, servers)
             sync_s = time.monotonic() - synced
+            probed, probe_s = None, 0.0
+            if self.probe is not None:  # on running engines: a paused one would not answer
+                if pause:
+                    await self.pool.resume()
+                    pause = False
+                probed = await probe.check(self.pool, self.trainer, self.probe, step)
+                probe_s = time.monotonic() - synced - sync_s
         finally:
             if pause:
                 await self.pool.resume()
@@ -445,6 +455,8 @@ class RLLoop:
                 "time/wait_rollouts_s": wait_s,
                 "time/train_s": train_s,
                 "time/weight_sync_s": sync_s,
+                **({"weights/probe_logprob_diff": probed} if probed is not None else {}),
+                "time/weight_probe_s": probe_s,
                 **env_metrics(rollouts),
             }
         )

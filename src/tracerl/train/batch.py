@@ -293,12 +293,17 @@ def micro_batches(
 
 
 def micro_batches_for(
-    batch: PackedBatch, samples: Sequence[int], config: TrainerConfig, batching: Batching
+    batch: PackedBatch,
+    samples: Sequence[int],
+    config: TrainerConfig,
+    batching: Batching,
+    share_prefix: bool | None = None,
 ) -> list[MicroBatch]:
-    """`micro_batches` as the trainer's config lays them out."""
+    """`micro_batches` as the trainer's config lays them out (`share_prefix`: overrides the
+    config's, for a model whose attention a tree mask would change)."""
     return micro_batches(
         batch, samples, config.token_budget, batching, config.bucket_split_cost,
-        config.share_prefix,
+        config.share_prefix if share_prefix is None else share_prefix,
     )  # fmt: skip
 
 

@@ -94,7 +94,7 @@ def _fsync(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _one_process_is_intended() -> Iterator[None]:
+def one_process_is_intended() -> Iterator[None]:
     """DCP warns that it assumes one process when no process group exists: that is the
     one-process trainer, and what it means."""
     with warnings.catch_warnings():
@@ -160,7 +160,7 @@ def write_checkpoint(
 
     tmp = Path(on_rank_zero(make_tmp))
     try:
-        with _one_process_is_intended():
+        with one_process_is_intended():
             dcp.save(
                 _model_states(models, optimizers),
                 checkpoint_id=str(tmp / "model"),
@@ -262,12 +262,15 @@ def verify_checkpoint(
 def config_differences(
     saved: dict[str, Any], current: dict[str, Any], ignore: frozenset[str], prefix: str = ""
 ) -> list[str]:
-    """`path: saved != current` for every differing leaf, except top-level `ignore` keys."""
+    """`path: saved != current` for every differing leaf, except top-level `ignore` keys and
+    settings the saved config predates that are unset now."""
     out = []
     for key in sorted(set(saved) | set(current)):
         if not prefix and key in ignore:
             continue
         a, b = saved.get(key, "<absent>"), current.get(key, "<absent>")
+        if key not in saved and b is None:  # a setting added since, left unset
+            continue
         if isinstance(a, dict) and isinstance(b, dict):
             out += config_differences(a, b, ignore, f"{prefix}{key}.")
         elif a != b:
@@ -315,7 +318,7 @@ def _load_shards(
         names = {key.split(".", 1)[0] for key in saved}
         if names != set(states):
             raise CheckpointError(f"{root}: holds {sorted(names)}, expected {sorted(states)}")
-        with _one_process_is_intended():
+        with one_process_is_intended():
             dcp.load(states, checkpoint_id=str(root / "model"), no_dist=world()[1] == 1)
         for name, module in models.items():
             set_model_state_dict(module, states[name])
@@ -360,6 +363,34 @@ def _load_format_1(
             optimizers[name].load_state_dict(state[f"{name}_optimizer"])
 
 
+TIED_HEAD_FILE = "tied-output-layer.safetensors"
+
+
+def _write_tied_head(directory: Path, actor: Any, state: dict[str, torch.Tensor] | None) -> None:
+    """Write a tied output layer's weight under its own name, which `save_pretrained` leaves out
+    (it is the input embedding). vLLM reloads weights layer by layer and puts back the previous
+    tensors of a layer the checkpoint gave none: its tied output layer kept its initial weights
+    after every update, reported as a success. With the weight named, it loads it (the same
+    values into the storage both layers share); transformers, which reads only the files of
+    its index (or `model.safetensors`), and the embedded engine ignore or accept the copy."""
+    config = getattr(actor, "config", None)
+    if not getattr(config, "tie_word_embeddings", False):
+        return
+    names = {id(m): n for n, m in actor.named_modules()}
+    name = names[id(actor.get_output_embeddings())] + ".weight"
+    embedding = names[id(actor.get_input_embeddings())] + ".weight"
+    if state is None:  # the module is whole
+        weight = actor.get_output_embeddings().weight
+    else:  # a sharded module: the full state dict has it under one name or the other
+        weight = state[name] if name in state else state[embedding]
+    save_file({name: weight.detach().contiguous().cpu()}, str(directory / TIED_HEAD_FILE))
+    index = directory / "model.safetensors.index.json"
+    if index.exists():  # a sharded export: the index names every file a loader reads
+        listing = json.loads(index.read_text())
+        listing["weight_map"][name] = TIED_HEAD_FILE
+        index.write_text(json.dumps(listing, indent=2))
+
+
 def export_hf(
     path: Path,
     actor: Any,
@@ -377,6 +408,7 @@ def export_hf(
         actor.save_pretrained(
             tmp, safe_serialization=True, state_dict=states["actor"] if states else None
         )
+        _write_tied_head(tmp, actor, states["actor"] if states else None)
         tokenizer.save_pretrained(tmp)
         if critic is not None:
             (tmp / "critic").mkdir()

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tracerl.models import read_safetensors, resolve_model
+from tracerl.models import load_tokenizer, read_safetensors, resolve_model
 
 VALUE_HEAD_KEY = "value_head.weight"
 
@@ -32,15 +32,18 @@ class CheckpointKeyError(ValueError):
     """Weights whose names do not match the model they are loaded into."""
 
 
-def load_actor(name_or_path: str, *, dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Path]:
-    """A causal LM and its tokenizer, by the names the engine takes (built-in or directory).
-    Returns `(model, tokenizer, resolved directory)`; the model is on the CPU in train mode."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_actor(
+    name_or_path: str, *, dtype: torch.dtype = torch.float32, chat_template: str | None = None
+) -> tuple[Any, Any, Path]:
+    """A causal LM and its tokenizer, by the names the engine takes (built-in, directory or
+    GGUF file); `chat_template` replaces the tokenizer's (`trainer.chat_template`). Returns
+    `(model, tokenizer, resolved directory)`; the model is on the CPU in train mode."""
+    from transformers import AutoModelForCausalLM
 
     path = resolve_model(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.train()
-    return model, AutoTokenizer.from_pretrained(path), path
+    return model, load_tokenizer(path, chat_template), path
 
 
 def load_reference(path: str | Path, *, dtype: torch.dtype = torch.float32) -> Any:

@@ -48,7 +48,9 @@ from tracerl.algo.distributed import all_reduce_sum
 from tracerl.algo.losses import kl_in_reward, kl_per_token
 from tracerl.algo.stats import explained_variance
 from tracerl.config.train import RESUME_SAFE_FIELDS, OptimizerConfig, TrainerConfig
+from tracerl.models import sliding_window
 from tracerl.train import checkpoint as ckpt
+from tracerl.train import probe
 from tracerl.train.batch import (
     Batching,
     MicroBatch,
@@ -96,7 +98,9 @@ class Trainer:
         torch.manual_seed(config.seed)
         random.seed(config.seed)
         dtype = DTYPES[config.dtype]
-        self.actor, self.tokenizer, self.model_path = load_actor(config.model, dtype=dtype)
+        self.actor, self.tokenizer, self.model_path = load_actor(
+            config.model, dtype=dtype, chat_template=config.chat_template
+        )
         self.actor.eval()
         self.critic = (
             value_model_from_actor(self.actor, seed=config.seed).to(dtype).eval()
@@ -107,6 +111,8 @@ class Trainer:
             load_reference(self.model_path, dtype=dtype) if config.uses_reference else None
         )
         self.batching = resolve_batching(config.batching, self.actor)
+        # a tree row's mask replaces the model's own, which would drop a sliding window
+        self.share_prefix = config.share_prefix and sliding_window(self.actor.config) is None
         # FSDP2 keeps the models resident and shards them instead of moving them whole.
         offload = self.device.type == "cuda" and config.offload_models and self.world_size == 1
         self.phases = MemoryPhases(self._transfer if offload else None)
@@ -178,6 +184,35 @@ class Trainer:
             return list(self._full_states(actor_only=True)["actor"].items())
         return [(n, p.detach()) for n, p in self.actor.named_parameters(remove_duplicate=False)]
 
+    def probe_logprobs(self, token_ids: Sequence[int], prompt_len: int) -> list[float]:
+        """The actor's log-probs of `token_ids[prompt_len:]` (the weight probe after a push,
+        `tracerl.run.probe`). Sharded: every rank calls and gets them."""
+        self.phases.require_idle("probe")
+        self.phases.enter(Phase.BEHAVIOUR)  # the actor on the device (offloading)
+        try:
+            return probe.sequence_logprobs(
+                self.actor, token_ids, prompt_len, self.config.temperature
+            )
+        finally:
+            self.phases.enter(Phase.IDLE)
+
+    def probe_suspects(
+        self, token_ids: Sequence[int], prompt_len: int, engine_logprobs: Sequence[float]
+    ) -> list[str]:
+        """The layers that explain an engine's different log-probs of the probe, if it kept
+        their initial weights (`tracerl.train.probe.suspects`); not diagnosed (empty) on a
+        sharded trainer."""
+        if self.world_size > 1:
+            return []
+        self.phases.enter(Phase.BEHAVIOUR)
+        try:
+            return probe.suspects(
+                self.actor, token_ids, prompt_len, self.config.temperature,
+                engine_logprobs, self.model_path,
+            )  # fmt: skip
+        finally:
+            self.phases.enter(Phase.IDLE)
+
     def _full_states(self, actor_only: bool = False) -> dict[str, dict[str, torch.Tensor]]:
         """The trained models' full state dicts, gathered from their shards onto rank 0's host
         memory (a collective: every rank calls; the others get empty dicts)."""
@@ -234,7 +269,7 @@ class Trainer:
         metrics.set(f"time/{name}", time.perf_counter() - started)
 
     def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
-        return micro_batches_for(batch, samples, self.config, self.batching)
+        return micro_batches_for(batch, samples, self.config, self.batching, self.share_prefix)
 
     def _reference_logprobs(
         self, batch: PackedBatch, shard: Shard, mbs: list[MicroBatch], metrics: Metrics

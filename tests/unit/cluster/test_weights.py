@@ -89,3 +89,32 @@ def test_tensors_written_from_their_bytes_read_back_equal(tmp_path: Path, dtype)
     assert loaded.keys() == tensors.keys()
     for name, tensor in tensors.items():
         assert loaded[name].dtype == dtype and torch.equal(loaded[name], tensor), name
+
+
+def test_a_tied_models_packages_carry_its_output_layer(tmp_path: Path, tiny) -> None:
+    """A tied output layer, which the export writes under its own name in a file of its own
+    (vLLM needs it named), stays in the fast path: later packages carry it in their one
+    weights file, and no stale copy of the first export's rides along."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tracerl.train.checkpoint import TIED_HEAD_FILE
+
+    _, tokenizer = tiny
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "tied")
+    tokenizer.save_pretrained(tmp_path / "tied")
+    trainer = Trainer(TrainerConfig(model=str(tmp_path / "tied")))
+    packer = Packer()
+    first = packer.package(trainer, rank=0)
+    assert first is not None and TIED_HEAD_FILE in first.files
+    assert packer.names is not None and "lm_head.weight" in packer.names
+    with torch.no_grad():
+        trainer.actor.get_input_embeddings().weight.add_(0.5)
+    second = packer.package(trainer, rank=0)
+    assert second is not None and TIED_HEAD_FILE not in second.files
+    loaded = read_weights_dir(unpack(second, tmp_path / "v2"))
+    assert torch.equal(loaded["lm_head.weight"], trainer.actor.get_input_embeddings().weight)
+    assert torch.equal(loaded["lm_head.weight"], loaded["model.embed_tokens.weight"])

@@ -113,6 +113,18 @@ def test_a_checkpoint_from_another_config_is_refused(
     assert make_trainer(algorithm="grpo", keep_last_n=5).load_checkpoint(path) == b"x"
 
 
+def test_a_setting_added_since_a_checkpoint_and_left_unset_is_no_difference() -> None:
+    from tracerl.train.checkpoint import config_differences
+
+    saved = {"model": "tiny", "actor": {"lr": 0.001}}
+    now = {"model": "tiny", "chat_template": None, "actor": {"lr": 0.001, "new": None}}
+    assert config_differences(saved, now, frozenset()) == []
+    now["chat_template"] = "chatml"  # set: it changes what the model is trained on
+    assert config_differences(saved, now, frozenset()) == [
+        "chat_template: '<absent>' in the checkpoint, 'chatml' now"
+    ]
+
+
 def test_only_the_last_n_checkpoints_are_kept(make_trainer: MakeTrainer, tmp_path: Path) -> None:
     trainer = make_trainer(algorithm="grpo", keep_last_n=2)
     samples = make_samples(0, count=4)
@@ -180,3 +192,47 @@ def test_a_checkpoint_of_the_previous_format_still_resumes(
     assert resumed.load_checkpoint(tmp_path) is None and resumed.step_count == 1
     batch = make_samples(1, count=4)
     assert watched(resumed.step(batch)) == watched(trainer.step(batch))
+
+
+@pytest.mark.parametrize("shard", [False, True], ids=["one-file", "sharded"])
+def test_an_export_of_a_tied_model_names_its_output_layer(
+    tiny: tuple[Any, Any], tmp_path: Path, shard: bool
+) -> None:
+    """A tied output layer is written under its own name too (vLLM's layerwise reload left it
+    at its initial weights when the checkpoint gave it none), listed in a sharded export's
+    index; transformers and the embedded engine load the export as the model it is."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tracerl.train.checkpoint import TIED_HEAD_FILE, export_hf
+
+    config = LlamaConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    if shard:  # save_pretrained splits at this size and writes an index
+        model.save_pretrained = _sharded(model.save_pretrained)  # type: ignore[method-assign]
+    out = export_hf(tmp_path / "tied", model, tiny[1])
+    head = read_weights_dir(out)["lm_head.weight"]
+    assert torch.equal(head, model.get_input_embeddings().weight)
+    index = out / "model.safetensors.index.json"
+    assert index.exists() == shard
+    if shard:
+        assert json.loads(index.read_text())["weight_map"]["lm_head.weight"] == TIED_HEAD_FILE
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+    engine_model = LlamaForCausalLM(config)
+    copy_weights(engine_model, read_weights_dir(out))
+    assert torch.equal(engine_model.lm_head.weight, model.lm_head.weight)
+    # an untied model's export is unchanged
+    untied = export_hf(tmp_path / "untied", copy.deepcopy(tiny[0]), tiny[1])
+    assert not (untied / TIED_HEAD_FILE).exists()
+
+
+def _sharded(save: Callable[..., Any]) -> Callable[..., Any]:
+    def save_in_shards(*args: Any, **kwargs: Any) -> Any:
+        return save(*args, max_shard_size="20KB", **kwargs)
+
+    return save_in_shards

@@ -1,0 +1,73 @@
+"""The embedded engine's generic path: any causal LM transformers can run, through the model's
+own forward and its own cache, one sequence at a time.
+
+`ModelRunner` (`tracerl.engine.forward`) is the fast path: one batched pass over every running
+sequence with a slot KV cache, for the layouts it knows (Llama, Mistral, Qwen2/3) with full
+attention. Everything else runs here, correct rather than fast: Gemma 2/3 (sliding and global
+layers, soft-capped logits, scaled embeddings), Qwen3-MoE, Phi-3, OLMo 2, Granite, and any model
+with a sliding window. Each slot holds the sequence's own cache (`DynamicCache` built from the
+model's config, so a sliding layer keeps only its window), prefills run the model on the whole
+prefix and each decode step runs it on one token, so attention, windows and positions are the
+model's own, exactly what the trainer's forward computes. The cost is one forward per running
+sequence per step (`tracerl bench engine` measures it against the slot cache).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class GenericRunner:
+    """The `ModelRunner` interface over the model's own forward (see the module docstring)."""
+
+    def __init__(self, model: Any, max_slots: int) -> None:
+        self.model = model
+        self.max_slots = max_slots
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.caches: list[Any] = [None] * max_slots
+        self.lengths = [0] * max_slots
+
+    def _run(self, slot: int, ids: torch.Tensor) -> torch.Tensor:
+        """`ids` after what slot `slot` holds; the last position's logits `[V]`."""
+        out = self.model(
+            input_ids=ids[None], cache=self.caches[slot], use_cache=True, logits_to_keep=1
+        )
+        self.caches[slot] = out.cache
+        self.lengths[slot] += int(ids.shape[0])
+        return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        decode_tokens: torch.Tensor,
+        decode_positions: torch.Tensor,
+        prefills: list[tuple[int, torch.Tensor]],
+    ) -> torch.Tensor:
+        """As `ModelRunner.forward`: a new token for slots `0..n-1` (at `decode_positions`),
+        and whole prefixes for `prefills`; logits `[n + len(prefills), V]`."""
+        from transformers import DynamicCache
+
+        rows = []
+        for slot, (token, position) in enumerate(zip(decode_tokens, decode_positions, strict=True)):
+            if self.lengths[slot] != int(position):
+                raise RuntimeError(
+                    f"slot {slot} holds {self.lengths[slot]} tokens, decode at {int(position)}"
+                )
+            rows.append(self._run(slot, token[None]))
+        for slot, ids in prefills:
+            self.caches[slot] = DynamicCache(config=self.model.config)
+            self.lengths[slot] = 0
+            rows.append(self._run(slot, ids))
+        return torch.stack(rows)
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        self.caches[dst], self.lengths[dst] = self.caches[src], self.lengths[src]
+        self.caches[src], self.lengths[src] = None, 0
+
+    def shrink(self) -> None:
+        """Release every cache; only valid while no sequence is running."""
+        self.caches = [None] * self.max_slots
+        self.lengths = [0] * self.max_slots

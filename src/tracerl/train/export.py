@@ -1,0 +1,74 @@
+"""`tracerl export RUN_DIR OUT [--step N]`: a run's checkpoint as a Hugging Face directory
+(safetensors, config, tokenizer with the run's chat template) that transformers and vLLM load.
+
+A checkpoint holds the trained models and their optimizers' states in DCP shards
+(`tracerl.train.checkpoint`); the export reads the actor's weights only (no optimizer state is
+loaded), into the base model the run trained (`trainer.model` in the checkpoint's manifest), and
+writes it with `export_hf`, the writer the engines' weight pushes use: a tied output layer is
+named (vLLM's reload needs it), the write is atomic. The checkpoint is verified first (every
+file's size and hash), whatever number of ranks saved it. The critic is not exported.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tracerl.config import ConfigError
+from tracerl.config.train import TrainerConfig
+from tracerl.train import checkpoint as ckpt
+
+
+def find_checkpoint(run_dir: Path, step: int | None) -> Path:
+    """The run's checkpoint of `step` (None: the newest); `ConfigError` naming what exists."""
+    directory = run_dir / "checkpoints"
+    found = ckpt.list_checkpoints(directory)
+    if not found:
+        raise ConfigError(f"RUN_DIR: {run_dir} has no checkpoints (expected {directory}/step_*)")
+    if step is None:
+        return found[-1]
+    wanted = directory / ckpt.checkpoint_name(step)
+    if wanted not in found:
+        steps = ", ".join(str(int(p.name[len(ckpt.PREFIX) :])) for p in found)
+        raise ConfigError(f"--step: {run_dir} has no checkpoint of step {step} (it has {steps})")
+    return wanted
+
+
+def export_checkpoint(run_dir: Path, out: Path, step: int | None = None) -> Path:
+    """Write the actor of `run_dir`'s checkpoint `step` (None: the newest) to `out`."""
+    from tracerl.train.models import load_actor
+    from tracerl.train.trainer import DTYPES
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"OUT: {out} exists and is not an empty directory")
+    root = find_checkpoint(run_dir, step)
+    manifest = json.loads((root / ckpt.MANIFEST).read_text())
+    try:
+        ckpt.verify_checkpoint(root, manifest["config"])
+    except ckpt.CheckpointError as e:
+        raise ConfigError(f"RUN_DIR: {e}") from None
+    config = TrainerConfig.model_validate(manifest["config"])
+    actor, tokenizer, _ = load_actor(
+        config.model, dtype=DTYPES[config.dtype], chat_template=config.chat_template
+    )
+    actor.eval()
+    if manifest["format"] == 1:
+        from safetensors.torch import load_model
+
+        load_model(actor, str(root / "actor.safetensors"), strict=True)
+    else:
+        _load_actor_shards(root, actor)
+    return ckpt.export_hf(out, actor, tokenizer)
+
+
+def _load_actor_shards(root: Path, actor: torch.nn.Module) -> None:
+    """The actor's weights from a checkpoint's DCP shards, nothing else read."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    state = {"actor": get_model_state_dict(actor)}
+    with ckpt.one_process_is_intended():
+        dcp.load(state, checkpoint_id=str(root / "model"), no_dist=True)
+    set_model_state_dict(actor, state["actor"])
