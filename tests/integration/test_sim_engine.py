@@ -14,7 +14,13 @@ import pytest
 from tests.waiting import metric, wait_until
 from tracerl.config import SimEngineConfig, SimFaults
 from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
-from tracerl.engine.server import build_engine_app, start_server
+from tracerl.engine.server import (
+    SHUTDOWN_TIMEOUT_S,
+    STOPPING_KEY,
+    build_engine_app,
+    start_server,
+    stop_engine_server,
+)
 from tracerl.engine.sim import CRASH_EXIT_CODE, SimEngine, fault_middleware, sim_engine_command
 from tracerl.engine.types import GenerateRequest
 
@@ -81,6 +87,33 @@ async def test_max_new_tokens_and_abort(sim) -> None:
     await task
     assert chunks[-1].finish_reason == "abort"
     assert sum(len(c.output_ids) for c in chunks) == chunks[-1].completion_tokens < 5000
+
+
+async def test_a_stopping_server_refuses_new_work_and_ends_what_it_holds() -> None:
+    """A paused engine told to stop: a request sent once it is stopping gets 503 (a pool then
+    resumes it on another engine), and the request it held ends with "abort". Before, the pool
+    resumed aborted requests on the same paused engine, which held them, and the shutdown,
+    open for aiohttp's 60 s: the server outlived its killed supervisor (CI's Ray run)."""
+    engine = SimEngine(SimEngineConfig(**FAST))
+    app = build_engine_app(engine)
+    runner, port = await start_server(app, "127.0.0.1", 0, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    client = EngineClient(f"http://127.0.0.1:{port}", timeout_s=30)
+    try:
+        await client.pause()
+        held = asyncio.create_task(client.generate(req("held")))
+
+        async def waiting() -> bool:
+            return metric(await client.metrics_text(), "vllm:num_requests_waiting") == 1
+
+        await wait_until(waiting, "the request held by the paused engine")
+        app[STOPPING_KEY].set()
+        with pytest.raises(EngineHTTPError) as refused:
+            await client.generate(req("late"))
+        assert refused.value.status == 503 and "stopping" in str(refused.value)
+        await stop_engine_server(app, runner)
+        assert (await held).finish_reason == "abort"
+    finally:
+        await client.close()
 
 
 async def test_kv_capacity_queues_and_preempts(sim) -> None:

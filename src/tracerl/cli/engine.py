@@ -26,7 +26,12 @@ def build_engine(config: EngineConfig) -> Any:
 
 
 async def _engine_main(config: EngineCommandConfig, sim: bool) -> int:
-    from tracerl.engine.server import build_engine_app, start_server
+    from tracerl.engine.server import (
+        SHUTDOWN_TIMEOUT_S,
+        build_engine_app,
+        start_server,
+        stop_engine_server,
+    )
 
     started = time.monotonic()
     middlewares: tuple[Any, ...] = ()
@@ -39,7 +44,9 @@ async def _engine_main(config: EngineCommandConfig, sim: bool) -> int:
         engine = build_engine(config.engine)
     await engine.start()
     app = build_engine_app(engine, config.server.max_request_bytes, middlewares)
-    runner, port = await start_server(app, config.server.host, config.server.port)
+    runner, port = await start_server(
+        app, config.server.host, config.server.port, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+    )
     eventloop.settle_heap()
     url = f"http://{config.server.host}:{port}"
     print(
@@ -56,12 +63,10 @@ async def _engine_main(config: EngineCommandConfig, sim: bool) -> int:
         await eventloop.wait_for_signal()
         return 0
     finally:
-        # requests in flight end now with what they sampled ("abort": a pool resumes them on
-        # another engine); a paused engine held their streams open until aiohttp's 60 s
-        # shutdown timeout, so a server whose supervisor died outlived it by a minute
-        await engine.abort(None, abort_all=True)
-        await runner.cleanup()
-        await engine.close()
+        # a paused engine held requests open until aiohttp's 60 s shutdown timeout, and a pool
+        # resumed aborted ones on it again, so a server whose supervisor died outlived it by a
+        # minute (CI's Ray engine-kill run)
+        await stop_engine_server(app, runner)
 
 
 def run_engine(config: EngineCommandConfig, sim: bool = False) -> int:

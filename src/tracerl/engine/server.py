@@ -7,8 +7,12 @@ plain `/generate` aborts its request, so abandoned work does not occupy the batc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
+import sys
+import threading
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +23,16 @@ from tracerl.engine.types import GenerateRequest, RequestError, WeightLoadError
 log = logging.getLogger(__name__)
 
 ENGINE_KEY = web.AppKey("engine", Engine)
+STOPPING_KEY = web.AppKey("stopping", asyncio.Event)
+"""Set once the server is stopping: new generations get 503, so a client that resumes an
+aborted request goes to another engine instead of waiting on this one."""
+
+SHUTDOWN_TIMEOUT_S = 10.0
+"""How long a stopping engine server waits for its open requests (already aborted) to end."""
+
+STOP_DEADLINE_S = 30.0
+"""How long a stopping engine server may take in all before it exits regardless: whoever told
+it to stop (a supervisor's parent-death signal) may not be there to kill it."""
 
 
 def _error(status: int, message: str, field: str | None = None) -> web.Response:
@@ -40,6 +54,8 @@ def _sse(payload: Any) -> bytes:
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
+    if request.app[STOPPING_KEY].is_set():
+        return _error(503, "engine is stopping")
     engine = request.app[ENGINE_KEY]
     try:
         req = GenerateRequest.from_wire(await _json_body(request))
@@ -167,6 +183,7 @@ def build_engine_app(
     fault injection)."""
     app = web.Application(client_max_size=max_request_bytes, middlewares=[*middlewares, _errors])
     app[ENGINE_KEY] = engine
+    app[STOPPING_KEY] = asyncio.Event()
     app.router.add_post("/generate", generate)
     app.router.add_post("/abort_request", abort_request)
     app.router.add_post("/pause_generation", pause_generation)
@@ -181,15 +198,53 @@ def build_engine_app(
 
 
 async def start_server(
-    app: web.Application, host: str, port: int, cancel_on_disconnect: bool = True
+    app: web.Application,
+    host: str,
+    port: int,
+    cancel_on_disconnect: bool = True,
+    shutdown_timeout: float = 60.0,
 ) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (0 picks a free port); return the runner and the bound port.
 
     With `cancel_on_disconnect` a handler is cancelled when its client disconnects (the engine
     then aborts that client's generation); the gateway turns it off so it can finish and record.
+    `shutdown_timeout`: how long the runner's cleanup waits for open requests.
     """
-    runner = web.AppRunner(app, handler_cancellation=cancel_on_disconnect, access_log=None)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=cancel_on_disconnect,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     return runner, int(runner.addresses[0][1])
+
+
+async def stop_engine_server(app: web.Application, runner: web.AppRunner) -> None:
+    """Stop serving `app`'s engine: refuse new generations (503), end those in flight with
+    "abort" (the pool resumes them on another engine: a paused engine would otherwise hold
+    them, and the shutdown, open), close the server, then the engine. Past `STOP_DEADLINE_S`
+    the process exits regardless."""
+    deadline = _exit_after(STOP_DEADLINE_S)
+    try:
+        app[STOPPING_KEY].set()
+        engine = app[ENGINE_KEY]
+        await engine.abort(None, abort_all=True)
+        await runner.cleanup()
+        await engine.close()
+    finally:  # stopped, or failed on the way, which ends the process with its error
+        deadline.cancel()
+
+
+def _exit_after(seconds: float) -> threading.Timer:
+    def exit_now() -> None:
+        print(f"engine server: not stopped after {seconds:.0f} s; exiting", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True
+    timer.start()
+    return timer

@@ -191,6 +191,7 @@ class SimEngine:
         await self.start()
         seq = self._prepare(request)
         self._waiting.append(seq)
+        self._publish()  # waiting, in the metrics, even while a pause keeps the loop idle
         self._poke()
         finished = False
         try:
