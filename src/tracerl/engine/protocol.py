@@ -60,3 +60,7 @@ class Engine(Protocol):
     async def metrics_text(self) -> str:
         """Prometheus text with vLLM's metric names."""
         ...
+
+    async def close(self) -> None:
+        """Release what the engine holds (its scheduler, or a client's connections)."""
+        ...
