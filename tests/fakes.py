@@ -40,6 +40,8 @@ class FakeEngine:
     weight_version: int = 0
     hold: asyncio.Event | None = None
     """When set, every `/generate` waits for it before answering."""
+    stops: frozenset[int] = frozenset()
+    """Other end-of-turn tokens: a text ending with one gets no `eos_id` after it."""
 
     def say(self, *texts: str) -> None:
         self.texts.extend(texts)
@@ -49,7 +51,9 @@ class FakeEngine:
 
     def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
         text = self.texts.popleft() if self.texts else "ok"
-        ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.eos_id]
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if not ids or ids[-1] not in self.stops:
+            ids.append(self.eos_id)
         limit = body.get("sampling_params", {}).get("max_new_tokens")
         finish = "stop"
         if limit is not None and len(ids) > limit:

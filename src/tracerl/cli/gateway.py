@@ -65,6 +65,8 @@ async def _gateway_up(
         max_tokens_policy=config.max_tokens_policy,
         access_log=config.access_log,
         telemetry=telemetry,
+        history=config.history,
+        chat_format=config.chat_format,
     )
     runner, port = await start_server(
         gateway.app(), config.host, config.port, cancel_on_disconnect=False

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,17 @@ from tracerl.config.pool import PoolConfig
 from tracerl.config.telemetry import TelemetryConfig
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """How a gateway actor renders sessions: the run's system prompt, `history`, the text of
+    `trainer.chat_template` (read on the driver, whose file it names) and `chat_format`."""
+
+    system_prompt: str | None = None
+    history: str = "extend"
+    chat_template: str | None = None
+    chat_format: str = "auto"
 
 
 class GatewayServer:
@@ -51,7 +63,7 @@ class GatewayServer:
         urls: list[str],
         store: str,
         admin_key: str,
-        system_prompt: str | None,
+        rendering: Rendering,
         bind: str,
         telemetry: TelemetryConfig | None = None,
     ) -> str:
@@ -69,6 +81,8 @@ class GatewayServer:
         self.telemetry = start_telemetry(telemetry)
         model_dir = resolve_model(engine.model)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if rendering.chat_template is not None:
+            tokenizer.chat_template = rendering.chat_template
         attached = engine.model_copy(update={"urls": urls})
         self.pool = await start_pool(
             attached, model_dir, Path(tempfile.gettempdir()), pool, telemetry=self.telemetry
@@ -82,9 +96,11 @@ class GatewayServer:
             model_name=engine.model,
             eos_ids=set(info.get("eos_token_ids") or [tokenizer.eos_token_id]),
             admin_key=admin_key,
-            system_prompt=system_prompt,
+            system_prompt=rendering.system_prompt,
             max_model_len=info.get("max_model_len"),
             telemetry=self.telemetry,
+            history=rendering.history,
+            chat_format=rendering.chat_format,
         )
         self.runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)
         return f"http://{reachable_host(bind)}:{port}"
@@ -129,7 +145,7 @@ class RayGateways:
         engine_urls: list[str],
         store: str,
         admin_key: str,
-        system_prompt: str | None,
+        rendering: Rendering,
         bind: str,
         telemetry: TelemetryConfig | None = None,
     ) -> list[str]:
@@ -151,7 +167,7 @@ class RayGateways:
         remote = ray.remote(GatewayServer).options(**options)
         self.actors = [remote.remote() for _ in range(r.count)]
         self._engines = list(engine_urls)
-        args = (engine, pool, self._engines, store, admin_key, system_prompt, bind, telemetry)
+        args = (engine, pool, self._engines, store, admin_key, rendering, bind, telemetry)
         starts = [actor.start.remote(*args) for actor in self.actors]
         where = "on the driver's node (the SQLite store's)" if self.on_driver_node else ""
         self.urls = await started(starts, "gateways", "gateway", r, self.ready_timeout_s, where)

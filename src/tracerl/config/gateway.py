@@ -11,6 +11,10 @@ from tracerl.config.engine import EngineConfig
 from tracerl.config.pool import PoolConfig
 from tracerl.config.telemetry import TelemetryConfig
 
+ChatFormatName = Literal[
+    "auto", "hermes", "qwen3_coder", "llama3", "mistral", "deepseek", "glm", "harmony"
+]
+
 
 class GatewayConfig(Config):
     model: str = "tiny"
@@ -19,6 +23,10 @@ class GatewayConfig(Config):
     chat_template: str | None = None
     """A chat template replacing the model's own (a model without one needs it): a built-in
     name (chatml, gemma: `tracerl.chat_templates`) or a Jinja file."""
+
+    chat_format: ChatFormatName = "auto"
+    """How replies write tool calls and reasoning (`tracerl.formats`): `auto` reads it from the
+    chat template; or hermes, qwen3_coder, llama3, mistral, deepseek, glm, harmony."""
 
     engine_urls: list[str] = Field(default_factory=list)
     """Running engines to attach to (`--engine-url`), of the kind `engine.backend` names; unset:
@@ -42,6 +50,13 @@ class GatewayConfig(Config):
 
     system_prompt: str | None = None
     """Prepended to every session's messages, and recorded like any other prompt token."""
+
+    history: Literal["extend", "template"] = "extend"
+    """A chat template that renders an earlier reply differently than it was sampled (Qwen3's
+    and GLM's drop reasoning once a user message follows): `extend` keeps the session's turns
+    one trajectory (the recorded tokens, then the template's rendering of the new messages),
+    `template` renders as the template does and starts a new trajectory
+    (`tracerl.gateway.session`)."""
 
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     """Largest accepted request body; larger ones get 413."""

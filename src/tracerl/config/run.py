@@ -104,6 +104,12 @@ class TrainCommandConfig(Config):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     system_prompt: str | None = None
     """Prepended by the gateway to every session (recorded like any prompt token)."""
+    history: Literal["extend", "template"] = "extend"
+    """A chat template that renders an earlier reply differently than it was sampled (Qwen3's
+    and GLM's drop reasoning once a user message follows): `extend` keeps the episode one
+    trajectory (the recorded tokens, then the template's rendering of the new messages),
+    `template` renders as the template does and starts a new trajectory
+    (`tracerl.gateway.session`)."""
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     trace_store: str | None = None
     """Where the gateway records turns and the loop reads them back: unset, the run's

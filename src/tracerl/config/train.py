@@ -8,6 +8,7 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 
 from tracerl.config.base import Config
+from tracerl.config.gateway import ChatFormatName
 
 Algorithm = Literal["ppo", "grpo", "dr_grpo", "rloo"]
 LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
@@ -70,6 +71,10 @@ class TrainerConfig(Config):
     """The chat template the gateway renders with, replacing the tokenizer's own (a model
     without one needs it): a built-in name (chatml, gemma: `tracerl.chat_templates`) or a Jinja
     file. Exports (`tracerl export`) carry it."""
+    chat_format: ChatFormatName = "auto"
+    """How the model's replies write tool calls and reasoning (`tracerl.formats`): `auto`
+    reads it from the chat template; or hermes, qwen3_coder, llama3, mistral, deepseek, glm,
+    harmony."""
     algorithm: Algorithm = "ppo"
     """ppo (learned critic, GAE) or a group baseline: grpo, dr_grpo, rloo."""
     dtype: Literal["float32", "bfloat16"] = "float32"

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from tracerl.formats import ParsedOutput
 from tracerl.gateway.generation import Completion, SamplingSpec
 from tracerl.gateway.messages import BadRequest
-from tracerl.gateway.parse import ParsedOutput
 
 
 @dataclass

@@ -53,8 +53,10 @@ class SamplingSpec:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     json_schema: str | None = None
-    """The JSON schema the reply must match: a forced tool call's (render.forced_call) or a
+    """The JSON schema the reply must match: a forced tool call's (the chat format's) or a
     structured-output request's."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Tokens that end the turn besides the engine's end-of-sequence ones (the chat format's)."""
 
 
 @dataclass
@@ -117,6 +119,7 @@ async def generate(
             top_k=spec.top_k,
             seed=spec.seed,
             json_schema=spec.json_schema,
+            stop_token_ids=spec.stop_token_ids,
         ),
     )
     ids: list[int] = []

@@ -45,7 +45,6 @@ from tracerl.gateway.generation import (
 )
 from tracerl.gateway.messages import BadRequest, anthropic_messages, anthropic_tools
 from tracerl.gateway.openai_api import DIALECT as OPENAI
-from tracerl.gateway.parse import parse_output, streamable_prefix
 from tracerl.gateway.render import ChatRenderer
 from tracerl.gateway.replies import (
     SESSION_PATH,
@@ -112,16 +111,21 @@ class Gateway:
         max_tokens_policy: str = "cap",
         access_log: bool = False,
         telemetry: Telemetry | None = None,
+        history: str = "extend",
+        chat_format: str = "auto",
     ) -> None:
         """`max_model_len`: the engines' context (the model info's), against which token
         budgets are capped or rejected (`max_tokens_policy`); `access_log`: a line per
-        request on stdout; `telemetry`: where request spans go (default: off)."""
+        request on stdout; `telemetry`: where request spans go (default: off); `history`:
+        `gateway.history` (`tracerl.gateway.session`); `chat_format`: `gateway.chat_format`."""
         self.telemetry = telemetry or Telemetry()
         self.engine, self.tokenizer, self.store = engine, tokenizer, store
         self.max_model_len, self.max_tokens_policy = max_model_len, max_tokens_policy
         self.access_log = access_log
-        self.renderer = ChatRenderer(tokenizer)
-        self.model_name, self.eos_ids = model_name, eos_ids
+        self.renderer = ChatRenderer(tokenizer, chat_format)
+        self.stop_ids = self.renderer.stop_ids()  # the engines stop there too
+        self.model_name, self.eos_ids = model_name, eos_ids | set(self.stop_ids)
+        self.history, self.turn_ends = history, self.renderer.turn_ends(self.eos_ids)
         self.admin_key = admin_key or secrets.token_urlsafe(24)
         self.system_prompt = system_prompt
         self.max_request_bytes = max_request_bytes
@@ -360,12 +364,15 @@ class Gateway:
             if dialect is RESPONSES:
                 body = await with_references_resolved(self.store, state, body)
             parsed = dialect.parse_request(body)
+            parsed.spec.stop_token_ids = self.stop_ids
             previous = parsed.extra.get("previous_response_id")
             if previous is not None:
                 at = parsed.extra["history_at"]
                 parsed.messages[at:at] = await chain(self.store, state, previous)
-            plan = plan_prompt(self.renderer, parsed.messages, parsed.tools, state)
-            forced = forced_call_of(parsed)
+            plan = plan_prompt(
+                self.renderer, parsed.messages, parsed.tools, state, self.history, self.turn_ends
+            )
+            forced = forced_call_of(parsed, self.renderer.format)
             if forced is not None:
                 plan = plan.then(forced.prefix)
             schema_param = constrain(parsed, forced)
@@ -419,7 +426,7 @@ class Gateway:
             return self._generation_error(dialect, e)
         assert isinstance(completion, Completion)
         note_completion(request, completion)
-        outcome = self._outcome(completion, turn)
+        outcome = turn.outcome(completion, self.renderer.format)
         response = self._response(turn, outcome)
         if state is not None:
             transport = request.transport
@@ -463,9 +470,9 @@ class Gateway:
             nonlocal emitted, completion
             if isinstance(item, Completion):
                 completion = item
-            elif not self.renderer.reasoning and not turn.forced:  # a forced call: no text
-                safe = streamable_prefix(item.text)
-                if len(safe) > len(emitted) and safe.startswith(emitted):
+            elif not turn.forced:  # a forced call: no text
+                safe = self.renderer.format.streamable(item.text)
+                if safe is not None and len(safe) > len(emitted) and safe.startswith(emitted):
                     await send(writer.text(safe[len(emitted) :], item.ids, item.logprobs))
                     emitted = safe
 
@@ -476,7 +483,7 @@ class Gateway:
                 await show(item)
             assert completion is not None
             note_completion(request, completion)
-            outcome = self._outcome(completion, turn)
+            outcome = turn.outcome(completion, self.renderer.format)
             content = outcome.parsed.content
             rest = content[len(emitted) :] if content.startswith(emitted) else ""
             await send(writer.finish(outcome, rest))
@@ -503,18 +510,6 @@ class Gateway:
             return self.renderer.tokenize(text)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, self.renderer.tokenize, text)
-
-    def _outcome(self, completion: Completion, turn: PendingTurn) -> Outcome:
-        """The reply as the API shows it: a forced call's prefix (context) and what the model
-        sampled after it, parsed together (a call the budget cut is a call in progress). What
-        the caller sees is only ever what was sampled: a forced reply that makes no call is
-        its sampled text alone, never the prefix."""
-        cut = completion.finish == "length"
-        parsed = parse_output(turn.forced + completion.text, self.renderer.reasoning, cut)
-        if turn.forced and not parsed.tool_calls:
-            parsed = parse_output(completion.text, self.renderer.reasoning, cut)
-        ids = [turn.dialect.new_tool_call_id() for _ in parsed.tool_calls]
-        return Outcome(completion, parsed, ids)
 
     def _response(self, turn: PendingTurn, outcome: Outcome) -> dict[str, Any]:
         return turn.dialect.response(
@@ -568,12 +563,21 @@ class Gateway:
                 request=turn.body,
                 response=response,
                 parent=prompt.parent,
+                bridged=prompt.bridged,
+                fork_reason=prompt.fork_reason,
                 max_new_tokens=turn.parsed.spec.max_new_tokens,
             )
             await self.store.append_turn(state.session_id, recorded)
             state.next_index += 1
+            start = len(prompt.text) - len(turn.forced)  # a forced prefix belongs to the reply
             state.remember(
-                RecordedTurn(recorded.index, prompt.text + c.full_text, prompt.ids + c.ids),
+                RecordedTurn(
+                    recorded.index,
+                    prompt.text + c.full_text,
+                    prompt.ids + c.ids,
+                    start,
+                    prompt.template,
+                ),
                 outcome.returned_message(),
                 turn.forced + c.raw,  # the assistant message as re-rendered: prefix included
             )

@@ -7,6 +7,16 @@ episode trains on exactly the tokens the model sampled, and the cost of a turn d
 the context. Assistant messages the client echoes back are rendered with the model's raw output
 (tool-call markup as sampled), which is what makes the texts line up.
 
+Some templates rewrite history: Qwen3's and GLM's drop a reply's reasoning once a later user
+message follows it, so the rendered conversation no longer starts with what was sampled. When
+the messages before an echoed reply still render as that turn's prompt, the turn is bridged
+(`gateway.history = "extend"`, the default): the new prompt is the turn's recorded tokens
+followed by the template's rendering of what came after the reply (from the end-of-turn marker
+after it, found by rendering the conversation with the reply replaced by a sentinel), so the
+episode stays one trajectory and the model is given exactly what is recorded. With `history = "template"` the prompt is rendered as
+the template does and starts a new trajectory. Either way a turn that starts a new trajectory in
+a session with recorded turns says why (`fork_reason`).
+
 `forced_call_of` gives the prefix and schema of a tool call the request forces, `constrain`
 picks the JSON schema the engine enforces on the reply, `fit_budget` fits a request's token
 budget into the context its prompt leaves, and a `PendingTurn` is what recording the request's
@@ -20,13 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tracerl.gateway.api import ANY_TOOL, ApiRequest, Dialect
+from tracerl.formats import ChatFormat, ForcedCall
+from tracerl.gateway.api import ANY_TOOL, ApiRequest, Dialect, Outcome
+from tracerl.gateway.generation import Completion
 from tracerl.gateway.messages import BadRequest, canonical_assistant
-from tracerl.gateway.render import ChatRenderer, ForcedCall, forced_call
+from tracerl.gateway.render import ChatRenderer
 
 # Recorded turns searched for a prefix, newest first; older ones are forks too far back to matter.
 MAX_PARENT_CANDIDATES = 64
@@ -37,6 +50,18 @@ class RecordedTurn:
     index: int
     text: str
     ids: list[int]
+    prompt_chars: int = 0
+    """Where the reply starts in `text` (a forced call's prefix belongs to the reply)."""
+    template: str | None = None
+    """The template's rendering of the messages before the reply, where the prompt is not it
+    (a bridged prompt: the parent's text, then the new messages' rendering)."""
+    key: str = ""
+    """The reply as the API returned it (`canonical_assistant`), to know it when echoed."""
+
+    @property
+    def prompt(self) -> str:
+        """The template's rendering of the messages before the reply."""
+        return self.template if self.template is not None else self.text[: self.prompt_chars]
 
 
 @dataclass
@@ -57,8 +82,11 @@ class SessionState:
     raw_assistant: dict[str, str] = field(default_factory=dict)
 
     def remember(self, turn: RecordedTurn, returned: dict[str, Any], raw_text: str) -> None:
+        """`turn` recorded, whose reply the API `returned` and the model sampled as `raw_text`
+        (what an echo of it is rendered as)."""
+        turn.key = canonical_assistant(returned)
         self.recorded.append(turn)
-        self.raw_assistant[canonical_assistant(returned)] = raw_text
+        self.raw_assistant[turn.key] = raw_text
 
 
 @dataclass
@@ -66,6 +94,12 @@ class Prompt:
     text: str
     ids: list[int]
     parent: int | None
+    bridged: bool = False
+    """It extends `parent` across a reply the template renders differently than sampled."""
+    fork_reason: str | None = None
+    """Why it starts a new trajectory although its session has recorded turns."""
+    template: str | None = None
+    """When bridged: the template's rendering, which `text` is not."""
 
 
 @dataclass
@@ -76,13 +110,23 @@ class PromptPlan:
     reused_ids: list[int]
     parent: int | None
     new_text: str
+    bridged: bool = False
+    fork_reason: str | None = None
+    template: str | None = None
 
     def complete(self, new_ids: list[int]) -> Prompt:
-        return Prompt(self.text, self.reused_ids + new_ids, self.parent)
+        return Prompt(
+            self.text,
+            self.reused_ids + new_ids,
+            self.parent,
+            self.bridged,
+            self.fork_reason,
+            self.template,
+        )
 
     def then(self, text: str) -> PromptPlan:
         """This prompt followed by `text` (a forced reply's start: context, not sampled)."""
-        return PromptPlan(self.text + text, self.reused_ids, self.parent, self.new_text + text)
+        return replace(self, text=self.text + text, new_text=self.new_text + text)
 
 
 def with_system_prompt(
@@ -102,17 +146,79 @@ def plan_prompt(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]],
     state: SessionState | None,
+    history: str = "extend",
+    turn_ends: tuple[str, ...] = (),
 ) -> PromptPlan:
-    """Render the prompt and find the recorded turn it extends; only the rest needs tokenizing."""
+    """Render the prompt and find the recorded turn it extends; only the rest needs tokenizing.
+    `history`: extend (bridge) or fork at a reply the template re-renders differently;
+    `turn_ends`: the texts of the model's end-of-turn tokens."""
+    echoed = messages
     if state is not None:
-        messages = with_system_prompt(messages, state.system_prompt)
-        messages = [_as_sampled(m, state.raw_assistant) for m in messages]
+        messages = echoed = with_system_prompt(messages, state.system_prompt)
+        if renderer.format.echo_raw:
+            messages = [_as_sampled(m, state.raw_assistant) for m in messages]
     text = renderer.render(messages, tools)
-    if state is not None:
-        for turn in reversed(state.recorded):
-            if text.startswith(turn.text):
-                return PromptPlan(text, turn.ids, turn.index, text[len(turn.text) :])
-    return PromptPlan(text, [], None, text)
+    if state is None or not state.recorded:
+        return PromptPlan(text, [], None, text)
+    for recorded in reversed(state.recorded):
+        if text.startswith(recorded.text):
+            return PromptPlan(text, recorded.ids, recorded.index, text[len(recorded.text) :])
+    found = _rewritten_turn(renderer, echoed, messages, tools, state)
+    if found is None:
+        why = "its history is not a recorded turn's prompt and reply"
+        return PromptPlan(text, [], None, text, fork_reason=why)
+    turn, at = found
+    why = f"the chat template renders turn {turn.index}'s reply differently than it was sampled"
+    if history == "template":
+        return PromptPlan(text, [], None, text, fork_reason=f'{why} (gateway.history = "template")')
+    after = _after_reply(renderer, messages, at, tools, turn_ends)
+    if after is None or not text.endswith(after[1]):
+        why = f"{why}, and where its turn ends is not found"
+        return PromptPlan(text, [], None, text, fork_reason=why)
+    # after the reply's own end-of-turn token; a reply cut short gets the template's as context
+    delta = after[1] if turn.text.endswith(turn_ends) else after[0] + after[1]
+    return PromptPlan(turn.text + delta, turn.ids, turn.index, delta, True, template=text)
+
+
+def _rewritten_turn(
+    renderer: ChatRenderer,
+    echoed: list[dict[str, Any]],
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    state: SessionState,
+) -> tuple[RecordedTurn, int] | None:
+    """The newest recorded turn whose reply the client echoes (`echoed`, as it sent them)
+    after exactly the messages that rendered its prompt (`messages`, as rendered), and where."""
+    keys = [canonical_assistant(m) if m["role"] == "assistant" else None for m in echoed]
+    for turn in reversed(state.recorded):
+        at = next((i for i in range(len(keys) - 1, -1, -1) if keys[i] == turn.key), None)
+        if at is not None and renderer.render(messages[:at], tools) == turn.prompt:
+            return turn, at
+    return None
+
+
+BRIDGE_SENTINEL = "TRACERL-BRIDGED-REPLY"
+"""Stands in for a rewritten reply, to find where its turn ends in the template's rendering."""
+
+
+def _after_reply(
+    renderer: ChatRenderer,
+    messages: list[dict[str, Any]],
+    at: int,
+    tools: list[dict[str, Any]],
+    turn_ends: tuple[str, ...],
+) -> tuple[str, str] | None:
+    """The end-of-turn marker the template writes after the reply `messages[at]`, and its
+    rendering of everything after that: the conversation is rendered with the reply replaced
+    by a sentinel, whose turn ends at the first marker after it."""
+    sentinel = {"role": "assistant", "content": BRIDGE_SENTINEL}
+    rendered = renderer.render([*messages[:at], sentinel, *messages[at + 1 :]], tools)
+    where = rendered.find(BRIDGE_SENTINEL)
+    if where < 0 or not turn_ends:
+        return None
+    pattern = "|".join(re.escape(m) for m in sorted(turn_ends, key=len, reverse=True))
+    end = re.compile(pattern).search(rendered, where)
+    return (end.group(0), rendered[end.end() :]) if end is not None else None
 
 
 def _as_sampled(message: dict[str, Any], raw: dict[str, str]) -> dict[str, Any]:
@@ -151,12 +257,12 @@ def fit_budget(
     return True
 
 
-def forced_call_of(parsed: ApiRequest) -> ForcedCall | None:
+def forced_call_of(parsed: ApiRequest, chat_format: ChatFormat) -> ForcedCall | None:
     """The forced call a `tool_choice` that requires one asks for, None otherwise."""
     if parsed.forced_tool is None:
         return None
     name = None if parsed.forced_tool == ANY_TOOL else parsed.forced_tool
-    return forced_call(name, parsed.tools)
+    return chat_format.forced_call(name, parsed.tools)
 
 
 def constrain(parsed: ApiRequest, forced: ForcedCall | None) -> str | None:
@@ -166,6 +272,8 @@ def constrain(parsed: ApiRequest, forced: ForcedCall | None) -> str | None:
     unless the model may call tools on this turn: an engine's constraint covers the whole
     reply, so it would rule out the call the caller allowed."""
     if forced is not None:
+        if forced.schema is None:  # the format's call body is not JSON: the prefix alone
+            return None
         parsed.spec.json_schema = json.dumps(forced.schema)
         return "tools"
     if parsed.output_schema is not None and not parsed.tools:
@@ -187,3 +295,16 @@ class PendingTurn:
     rid: str
     forced: str = ""
     """A forced tool call's prefix, at the end of the prompt (context, not sampled)."""
+
+    def outcome(self, completion: Completion, chat_format: ChatFormat) -> Outcome:
+        """The reply as the API shows it: a forced call's prefix (context) and what the model
+        sampled after it, parsed together (a call the budget cut is a call in progress). What
+        the caller sees is only ever what was sampled: a forced reply that makes no call is
+        its sampled text alone, never the prefix."""
+        cut, tools = completion.finish == "length", self.parsed.tools
+        sampled = completion.raw if chat_format.special_markup else completion.text
+        parsed = chat_format.parse(self.forced + sampled, cut, tools)
+        if self.forced and not parsed.tool_calls:
+            parsed = chat_format.parse(sampled, cut, tools)
+        ids = [self.dialect.new_tool_call_id() for _ in parsed.tool_calls]
+        return Outcome(completion, parsed, ids)

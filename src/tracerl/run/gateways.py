@@ -73,6 +73,8 @@ async def start(
         system_prompt=config.system_prompt,
         max_model_len=info.get("max_model_len"),
         telemetry=telemetry,
+        history=config.history,
+        chat_format=config.trainer.chat_format,
     )
     bind = cluster.bind if cluster.backend == "ray" else "127.0.0.1"
     runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)
@@ -84,7 +86,8 @@ async def start(
 async def _actors(
     config: TrainCommandConfig, pool: EnginePool, store: TraceStore, where: str, closers: list[Any]
 ) -> Gateways:
-    from tracerl.cluster.gateway_actor import RayGateways
+    from tracerl.chat_templates import read_template
+    from tracerl.cluster.gateway_actor import RayGateways, Rendering
 
     cluster = config.cluster
     sqlite = not where.startswith(("postgresql://", "postgres://"))
@@ -92,13 +95,15 @@ async def _actors(
     closers.append(actors.close)
     admin_key = secrets.token_urlsafe(24)
     engine = config.engine.model_copy(update={"model": config.trainer.model})
+    chat_template = config.trainer.chat_template  # read here: a file is the driver's
+    template = read_template(chat_template) if chat_template is not None else None
     urls = await actors.start(
         engine,
         config.pool,
         engine_urls(pool),
         where,
         admin_key,
-        config.system_prompt,
+        Rendering(config.system_prompt, config.history, template, config.trainer.chat_format),
         cluster.bind,
         config.telemetry,
     )

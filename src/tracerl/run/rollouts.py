@@ -86,12 +86,21 @@ def trace_samples(trace: SessionTrace, reward: float, group: int) -> tuple[list[
 def env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """`env/NAME`: the mean over `rollouts` of each metric their environment reported (the
     calculator's tool calls, a CLI agent's `agent_error` rate, an agent's own), over the
-    episodes that reported it."""
+    episodes that reported it. And `rollout/one_trajectory_frac`: the share of episodes whose
+    turns all form one trajectory (a multi-turn episode splits where its client rewrote the
+    history, or its chat template did under `history = "template"`: each turn's
+    `fork_reason` in the trace says why)."""
     values: dict[str, list[float]] = {}
     for rollout in rollouts:
         for name, value in rollout.result.metrics.items():
             values.setdefault(name, []).append(value)
-    return {f"env/{name}": statistics.fmean(v) for name, v in sorted(values.items())}
+    metrics = {f"env/{name}": statistics.fmean(v) for name, v in sorted(values.items())}
+    ended = [r for r in rollouts if r.samples]
+    if ended:
+        metrics["rollout/one_trajectory_frac"] = statistics.fmean(
+            len(r.samples) == 1 for r in ended
+        )
+    return metrics
 
 
 Player = Callable[[Task, Session, float], Awaitable[EpisodeResult]]

@@ -27,6 +27,12 @@ class Turn(BaseModel):
     response: dict[str, Any]
     parent: int | None = None
     """Index of the turn whose `prompt_ids + completion_ids` this prompt extends, if any."""
+    bridged: bool = False
+    """The chat template renders the parent's reply differently than it was sampled (a
+    thinking template dropping its reasoning): the prompt is the parent's tokens followed by
+    the template's rendering of the messages after that reply (`gateway.history = "extend"`)."""
+    fork_reason: str | None = None
+    """Why this turn starts a new trajectory although its session has earlier turns."""
     max_new_tokens: int | None = None
     """The token budget the engine was given: the request's, or less when it was capped to the
     room the context had left (`gateway.max_tokens_policy = "cap"`); None: the engine's own."""

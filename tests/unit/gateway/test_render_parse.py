@@ -2,14 +2,14 @@ import json
 
 import pytest
 
+from tracerl.formats.hermes import hermes_messages, parse_output, streamable_prefix
 from tracerl.gateway.messages import (
     BadRequest,
     anthropic_messages,
     canonical_assistant,
     openai_messages,
 )
-from tracerl.gateway.parse import parse_output, streamable_prefix
-from tracerl.gateway.render import ChatRenderer, hermes_messages
+from tracerl.gateway.render import ChatRenderer
 
 TOOL = {
     "type": "function",
