@@ -13,9 +13,10 @@ the messages before an echoed reply still render as that turn's prompt, the turn
 (`gateway.history = "extend"`, the default): the new prompt is the turn's recorded tokens
 followed by the template's rendering of what came after the reply (from the end-of-turn marker
 after it, found by rendering the conversation with the reply replaced by a sentinel), so the
-episode stays one trajectory and the model is given exactly what is recorded. With `history = "template"` the prompt is rendered as
-the template does and starts a new trajectory. Either way a turn that starts a new trajectory in
-a session with recorded turns says why (`fork_reason`).
+episode stays one trajectory and the model is given exactly what is recorded. With
+`history = "template"` the prompt is rendered as the template does and starts a new trajectory.
+Either way a turn that starts a new trajectory in a session with recorded turns says why
+(`fork_reason`).
 
 `forced_call_of` gives the prefix and schema of a tool call the request forces, `constrain`
 picks the JSON schema the engine enforces on the reply, `fit_budget` fits a request's token
