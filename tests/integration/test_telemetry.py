@@ -342,7 +342,7 @@ async def test_a_gateway_actor_exports_with_the_config_it_is_given(
 ) -> None:
     """A Ray gateway actor's class, run in this process: it builds its telemetry from the
     `[telemetry]` config it is handed (a plain, picklable model) and flushes it as it stops."""
-    from tracerl.cluster.gateway_actor import GatewayServer
+    from tracerl.cluster.gateway_actor import GatewayServer, Rendering
     from tracerl.config import EngineConfig, PoolConfig
 
     fake, client = fake_engine
@@ -351,7 +351,7 @@ async def test_a_gateway_actor_exports_with_the_config_it_is_given(
     try:
         url = await server.start(
             EngineConfig(model="tiny"), PoolConfig(), [client.base_url],
-            str(tmp_path / "traces.sqlite"), "admin", None, "127.0.0.1", config,
+            str(tmp_path / "traces.sqlite"), "admin", Rendering(), "127.0.0.1", config,
         )  # fmt: skip
         headers = {"Authorization": "Bearer admin"}
         async with aiohttp.ClientSession() as http:
