@@ -2,7 +2,7 @@
 come from).
 
 `EnvConfig` is a discriminated union on `name`: "arithmetic", "concise", "calculator",
-"command", "claude-code", "codex".
+"guess", "command", "claude-code", "codex".
 `DatasetConfig` reads tasks from a local file or directory, or generates them with a built-in task.
 Like every config module this one never imports torch, nor the environments themselves.
 """
@@ -53,6 +53,13 @@ class CalculatorEnvConfig(ChatEnvConfig):
     """Reward of a wrong final answer after at least one valid tool call (0: exact answer
     only). A small model that never gets the answer gives GRPO only uniform groups; a little
     credit for using the tool gives it a signal to start from."""
+
+
+class GuessEnvConfig(ChatEnvConfig):
+    name: Literal["guess"] = "guess"
+    max_turns: int = Field(default=8, ge=1, le=64)
+    """Model turns per episode; the number not found in this many scores 0 (a binary search
+    needs at most 6 guesses for the largest range, 32)."""
 
 
 class CommandEnvConfig(Config):
@@ -126,6 +133,7 @@ EnvConfig = Annotated[
     ArithmeticEnvConfig
     | ConciseEnvConfig
     | CalculatorEnvConfig
+    | GuessEnvConfig
     | CommandEnvConfig
     | ClaudeCodeEnvConfig
     | CodexEnvConfig,
@@ -153,7 +161,7 @@ class DatasetConfig(Config):
     """How to read `path`; "auto" goes by the suffix (.jsonl, .parquet) or a directory."""
     split: str | None = None
     """The split to use when `path` holds a `datasets.DatasetDict`."""
-    generate: Literal["arithmetic", "concise", "calculator"] | None = None
+    generate: Literal["arithmetic", "concise", "calculator", "guess"] | None = None
     """Generate tasks with this built-in task instead of reading a file."""
     num_tasks: int = Field(default=1000, ge=1)
     """How many tasks `generate` makes."""

@@ -84,7 +84,7 @@ class Environment(Protocol):
 
     @property
     def name(self) -> str:
-        """The registry name ("arithmetic", "concise", "calculator", "command")."""
+        """The registry name ("arithmetic", "concise", "calculator", "guess", "command")."""
         ...
 
     @property

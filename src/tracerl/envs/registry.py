@@ -18,21 +18,24 @@ from tracerl.config.envs import (
     CommandEnvConfig,
     ConciseEnvConfig,
     EnvConfig,
+    GuessEnvConfig,
     parse_env_config,
 )
-from tracerl.envs import arithmetic, calculator, concise
+from tracerl.envs import arithmetic, calculator, concise, guess
 from tracerl.envs.arithmetic import ArithmeticEnvironment
 from tracerl.envs.base import Environment, Task
 from tracerl.envs.calculator import CalculatorEnvironment
 from tracerl.envs.cli_agents import ClaudeCodeEnvironment, CodexEnvironment
 from tracerl.envs.command import CommandEnvironment
 from tracerl.envs.concise import ConciseEnvironment
+from tracerl.envs.guess import GuessEnvironment
 
-ENVIRONMENTS = ("arithmetic", "concise", "calculator", "command", "claude-code", "codex")
+ENVIRONMENTS = ("arithmetic", "concise", "calculator", "guess", "command", "claude-code", "codex")
 TASK_GENERATORS: dict[str, Callable[[int, int], list[Task]]] = {
     "arithmetic": arithmetic.generate_tasks,
     "concise": concise.generate_tasks,
     "calculator": calculator.generate_tasks,
+    "guess": guess.generate_tasks,
 }
 
 
@@ -46,6 +49,8 @@ def make_environment(config: EnvConfig | Mapping[str, Any]) -> Environment:
         return ConciseEnvironment(config)
     if isinstance(config, CalculatorEnvConfig):
         return CalculatorEnvironment(config)
+    if isinstance(config, GuessEnvConfig):
+        return GuessEnvironment(config)
     if isinstance(config, CommandEnvConfig):
         return CommandEnvironment(config)
     if isinstance(config, ClaudeCodeEnvConfig):

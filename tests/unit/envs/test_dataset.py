@@ -147,7 +147,7 @@ def test_tasks_handed_out_are_copies() -> None:
     assert ds[0] == {"k": 0}
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "concise", "calculator"])
+@pytest.mark.parametrize("name", ["arithmetic", "concise", "calculator", "guess"])
 def test_generated_tasks_are_seeded(name: str) -> None:
     config = DatasetConfig(generate=name, num_tasks=30, seed=5)
     one, two = load_dataset(config, ["prompt"]), load_dataset(config, ["prompt"])

@@ -1,0 +1,160 @@
+"""`guess`: a stateful multi-turn game through the official openai SDK, where what the agent sees
+next depends on what it did.
+
+The model is to find a hidden whole number from 1 to `high` with a `guess` tool, which answers
+`higher`, `lower` or `correct`. A correct guess ends the episode with reward 1 (no model turn
+follows it); so does a reply without tool calls whose final answer is the number (the
+episode's last word, scored like `arithmetic`'s). Anything else, or `max_turns` model turns
+without finding it, scores 0. Every call counts as a guess; an invalid one (not a `guess`, not
+a whole number, out of range) is answered `error: ...` and costs its turn. A binary search
+finds the number in at most ceil(log2(high + 1)) guesses, so `max_turns` sets how much wandering
+the task forgives.
+
+The assistant messages go back exactly as the SDK returned them, so the gateway records the
+episode as one trajectory whose tool answers are context only (never in the loss).
+
+Task fields: `prompt`, `answer` (the number) and `high`. `generate_tasks` draws `high` from 8,
+16 and 32 and the number uniformly below it; held-out sets are other seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from tracerl.config.envs import GuessEnvConfig
+from tracerl.envs.base import EnvResult, Session, Task, sampling_params
+from tracerl.envs.chat import first_messages, openai_client
+from tracerl.envs.rewards import exact_answer_reward, final_text
+from tracerl.trace.schema import SessionTrace, Turn
+
+GUESS_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "guess",
+        "description": "Guess the hidden number; answers higher, lower or correct.",
+        "parameters": {
+            "type": "object",
+            "properties": {"number": {"type": "integer", "description": "your guess"}},
+            "required": ["number"],
+        },
+    },
+}
+HIGHS = (8, 16, 32)
+
+
+def prompt_for(high: int) -> str:
+    return (
+        f"I am thinking of a whole number from 1 to {high}. Find it with the guess tool: it "
+        "answers higher, lower or correct."
+    )
+
+
+def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
+    rng = random.Random(f"tracerl.guess:{seed}")
+    tasks: list[Task] = []
+    for _ in range(num_tasks):
+        high = rng.choice(HIGHS)
+        tasks.append({"prompt": prompt_for(high), "answer": rng.randint(1, high), "high": high})
+    return tasks
+
+
+def answer_guess(task: Task, name: str, arguments: str) -> tuple[str, bool | None]:
+    """The tool's answer to one call, and whether it found the number (None: invalid)."""
+    if name != "guess":
+        return f"error: unknown tool {name!r}; the only tool is guess", None
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError:
+        return "error: the arguments are not valid JSON", None
+    number = args.get("number") if isinstance(args, dict) else None
+    if isinstance(number, str) and number.strip().lstrip("-").isdigit():
+        number = int(number)  # small models quote numbers; the value is still a guess
+    if not isinstance(number, int) or isinstance(number, bool):
+        return 'error: expected arguments {"number": <a whole number>}', None
+    high = int(task.get("high", 0)) or max(HIGHS)
+    if not 1 <= number <= high:
+        return f"error: the number is from 1 to {high}", None
+    answer = int(task["answer"])
+    if number == answer:
+        return f"correct: the number is {answer}", True
+    return ("higher" if answer > number else "lower"), False
+
+
+class GuessEnvironment:
+    name = "guess"
+    task_fields: tuple[str, ...] = ("prompt", "answer")
+
+    def __init__(self, config: GuessEnvConfig) -> None:
+        self.config = config
+        self.reward_fn = trace_reward
+
+    async def run(self, task: Task, session: Session) -> EnvResult:
+        sampling = sampling_params(self.config.sampling.model_dump(), session)
+        messages = first_messages(self.config, task["prompt"])
+        turns = guesses = invalid = 0
+        async with openai_client(session, self.config.request_timeout_s) as client:
+            while turns < self.config.max_turns:
+                reply = await client.chat.completions.create(
+                    model=session.model, messages=messages, tools=[GUESS_TOOL], **sampling
+                )
+                turns += 1
+                message = reply.choices[0].message
+                if not message.tool_calls:
+                    reward = exact_answer_reward(task, message.content or "")
+                    return EnvResult(reward, _metrics(turns, guesses, invalid, reward == 1.0))
+                messages.append(message.model_dump(exclude_none=True))
+                for call in message.tool_calls:
+                    guesses += 1
+                    if call.type != "function":
+                        content, found = "error: only function tools are supported", None
+                    else:
+                        content, found = answer_guess(
+                            task, call.function.name, call.function.arguments
+                        )
+                    invalid += found is None
+                    if found:
+                        return EnvResult(1.0, _metrics(turns, guesses, invalid, True))
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+        return EnvResult(0.0, _metrics(turns, guesses, invalid, False))
+
+
+def _guesses(turn: Turn) -> list[str]:
+    """The arguments (JSON text) of the `guess` calls in a turn's recorded response, whichever
+    API it came through."""
+    r = turn.response
+    if turn.endpoint == "chat.completions":
+        calls = r["choices"][0]["message"].get("tool_calls") or []
+        return [c["function"]["arguments"] for c in calls if c["function"]["name"] == "guess"]
+    if turn.endpoint == "responses":
+        items = r.get("output") or []
+        return [
+            i["arguments"]
+            for i in items
+            if i.get("type") == "function_call" and i["name"] == "guess"
+        ]
+    blocks = r.get("content") or []
+    return [
+        json.dumps(b["input"])
+        for b in blocks
+        if b.get("type") == "tool_use" and b["name"] == "guess"
+    ]
+
+
+def trace_reward(task: Task, trace: SessionTrace) -> float:
+    """The game's reward read from a recorded episode: 1.0 when any `guess` call found the
+    number or the last reply's final answer is it (an agent of its own played the game)."""
+    for turn in trace.turns:
+        if any(answer_guess(task, "guess", args)[1] for args in _guesses(turn)):
+            return 1.0
+    return exact_answer_reward(task, final_text(trace)) if trace.turns else 0.0
+
+
+def _metrics(turns: int, guesses: int, invalid: int, solved: bool) -> dict[str, float]:
+    return {
+        "turns": float(turns),
+        "guesses": float(guesses),
+        "invalid_guesses": float(invalid),
+        "solved": float(solved),
+    }
