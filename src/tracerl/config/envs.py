@@ -169,6 +169,14 @@ class DatasetConfig(Config):
     """Seed of generation and of the per-epoch shuffle."""
     shuffle: bool = True
     """Visit tasks in a new seeded order every epoch; false keeps the file order."""
+    difficulty: Literal["uniform", "signal"] = "uniform"
+    """How tasks are drawn: `uniform`, each in its turn; `signal`, a task whose last group's
+    rewards were all equal (always solved, or never) is passed over with probability
+    `difficulty_skip` when its turn comes again (`tracerl.envs.dataset`): fewer samples where a
+    group baseline has no signal. It acts from the second epoch on (a task is measured by its
+    own groups), and not with groups of one."""
+    difficulty_skip: float = Field(default=0.75, ge=0, le=1)
+    """The chance that a task without signal is passed over when its turn comes."""
     max_row_bytes: int = Field(default=16 * 2**20, ge=2)
     """JSONL: a longer line is refused (named by file and line) rather than read into memory."""
 

@@ -8,6 +8,13 @@ across epochs and shuffles. The position counts draws since the start: epoch `po
 offset `position % len` into that epoch's order, which depends only on (seed, epoch). Resuming
 at a saved position therefore continues the exact same sequence. This module never imports
 `pyarrow` or `datasets` until a file needs it.
+
+Difficulty-aware drawing (`dataset.difficulty = "signal"`): the loop reports each ended
+group's rewards (`observe`); a task whose last group's rewards were all equal (always solved,
+or never) is passed over with probability `difficulty_skip` when its turn comes again (a later
+epoch), so samples go where a group baseline has signal. Whether a turn is passed over depends
+only on (seed, position) and what was observed, which the saved state holds: a resumed run
+draws the same tasks.
 """
 
 from __future__ import annotations
@@ -39,14 +46,26 @@ class IndexedTask:
 
 class TaskDataset:
     def __init__(
-        self, tasks: Sequence[Task], *, source: str, seed: int = 0, shuffle: bool = True
+        self,
+        tasks: Sequence[Task],
+        *,
+        source: str,
+        seed: int = 0,
+        shuffle: bool = True,
+        difficulty: str = "uniform",
+        skip: float = 0.75,
     ) -> None:
         if not tasks:
             raise DatasetError(f"{source}: no tasks")
         self.tasks = list(tasks)
         self.source, self.seed, self.shuffle = source, seed, shuffle
+        self.difficulty, self.skip = difficulty, skip
         self._position = 0
         self._order: tuple[int, list[int]] | None = None  # (epoch, order) of the last epoch used
+        self._no_signal: set[int] = set()  # rows whose last group's rewards were all equal
+        self._drawn: dict[int, int] = {}  # group -> the row it was drawn from
+        self.skipped = 0
+        """Turns passed over for lack of signal, since the start."""
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -80,10 +99,35 @@ class TaskDataset:
         self.at(position)  # validates
         self._position = position
 
-    def next(self) -> IndexedTask:
+    def next(self, group: int | None = None) -> IndexedTask:
+        """The next task; `group`: the group it is drawn for, whose rewards `observe` takes."""
         item = self.at(self._position)
         self._position += 1
+        if self.difficulty == "signal":
+            for _ in range(len(self.tasks)):  # bounded: when no row has signal, one is drawn
+                if item.index not in self._no_signal or not self._passes_over(item.position):
+                    break
+                self.skipped += 1
+                item = self.at(self._position)
+                self._position += 1
+        if group is not None:
+            self._drawn[group] = item.index
         return item
+
+    def _passes_over(self, position: int) -> bool:
+        draw = random.Random(f"tracerl.difficulty:{self.seed}:{position}").random()
+        return draw < self.skip
+
+    def observe(self, group: int, rewards: Sequence[float | None]) -> None:
+        """The rewards of a group drawn by `next(group)` (failed episodes as None)."""
+        index = self._drawn.pop(group, None)
+        scores = [r for r in rewards if r is not None]
+        if index is None or len(scores) < 2:  # one reward says nothing of a group's signal
+            return
+        if max(scores) == min(scores):
+            self._no_signal.add(index)
+        else:
+            self._no_signal.discard(index)
 
     def __iter__(self) -> Iterator[IndexedTask]:
         """Endless: epochs follow one another."""
@@ -96,6 +140,8 @@ class TaskDataset:
             "size": len(self.tasks),
             "seed": self.seed,
             "shuffle": self.shuffle,
+            "no_signal": sorted(self._no_signal),
+            "skipped": self.skipped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -108,6 +154,8 @@ class TaskDataset:
                 f"shuffle) = {saved}, this one has {mine}"
             )
         self.seek(int(state["position"]))
+        self._no_signal = set(state.get("no_signal", ()))  # absent from older checkpoints
+        self.skipped = int(state.get("skipped", 0))
 
 
 MAX_ROW_BYTES = 16 * 2**20  # DatasetConfig.max_row_bytes' default
@@ -129,7 +177,14 @@ def load_dataset(config: DatasetConfig, required_fields: Sequence[str] = ()) -> 
         tasks = read_tasks(
             Path(config.path), config.format, required_fields, config.split, config.max_row_bytes
         )
-    return TaskDataset(tasks, source=source, seed=config.seed, shuffle=config.shuffle)
+    return TaskDataset(
+        tasks,
+        source=source,
+        seed=config.seed,
+        shuffle=config.shuffle,
+        difficulty=config.difficulty,
+        skip=config.difficulty_skip,
+    )
 
 
 def read_tasks(

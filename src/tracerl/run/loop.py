@@ -299,13 +299,10 @@ class RLLoop:
     def _record_group(self, group: Group, outcome: str, step: int | None = None) -> None:
         """One line per ended group in RUN_DIR/groups.jsonl: the step that trained on it, or
         why it never reached one (uniform rewards, too few successful episodes, stale)."""
-        record = {
-            "group": group.group,
-            "outcome": outcome,
-            "step": step,
-            "rewards": [r.result.reward for r in group.rollouts],
-            "oldest_version": group.version if group.rollouts else None,
-        }
+        rewards = [r.result.reward for r in group.rollouts]
+        self.dataset.observe(group.group, rewards)  # difficulty-aware drawing
+        record = {"group": group.group, "outcome": outcome, "step": step, "rewards": rewards}
+        record["oldest_version"] = group.version if group.rollouts else None
         with (self.run_dir / "groups.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -322,8 +319,8 @@ class RLLoop:
                 self._room.clear()
                 await self._room.wait()
                 continue
-            item = self.dataset.next()
             group = self._group_counter
+            item = self.dataset.next(group)
             self._group_counter += 1
             for k in range(c.orchestrator.group_size):
                 if k and self.buffer.cancelled(group):  # shed while it was being submitted
@@ -458,6 +455,7 @@ class RLLoop:
                 **({"weights/probe_logprob_diff": probed} if probed is not None else {}),
                 "time/weight_probe_s": probe_s,
                 **env_metrics(rollouts),
+                "rollout/prompts_skipped": float(self.dataset.skipped),
             }
         )
         phases = {"train.wait_rollouts": (waited, wait_s), "train.update": (started, train_s)}

@@ -173,3 +173,72 @@ def test_generated_answers_are_right() -> None:
             task = ds[k]
             expression = task["prompt"].removeprefix("What is ").removesuffix("?")
             assert evaluate(expression) == task["answer"], task
+
+
+def _signal_dataset(skip: float, seed: int = 0) -> TaskDataset:
+    tasks = [{"prompt": f"q{i}", "answer": i} for i in range(4)]
+    return TaskDataset(tasks, source="t", seed=seed, shuffle=False, difficulty="signal", skip=skip)
+
+
+def _first_epoch(data: TaskDataset) -> None:
+    """Rows 0 and 2 always solved or never (no signal), rows 1 and 3 mixed."""
+    outcomes = {0: [1.0, 1.0], 1: [0.0, 1.0], 2: [0.0, 0.0, None], 3: [1.0, 0.0]}
+    for group in range(4):
+        data.observe(group, outcomes[data.next(group).index])
+
+
+def test_tasks_without_signal_are_passed_over_by_the_skip_probability() -> None:
+    data = _signal_dataset(skip=1.0)
+    _first_epoch(data)
+    # from the second epoch on, only the rows whose groups had signal are drawn
+    assert [data.next().index for _ in range(6)] == [1, 3, 1, 3, 1, 3]
+    assert data.skipped == 6
+    uniform = _signal_dataset(skip=1.0)
+    uniform.difficulty = "uniform"
+    _first_epoch(uniform)
+    assert [uniform.next().index for _ in range(4)] == [0, 1, 2, 3] and uniform.skipped == 0
+
+
+def test_a_partial_skip_is_seeded_and_keeps_some_samples() -> None:
+    def draws(seed: int) -> list[int]:
+        data = _signal_dataset(skip=0.5, seed=seed)
+        _first_epoch(data)
+        return [data.next().index for _ in range(400)]
+
+    first = draws(0)
+    assert first == draws(0) and first != draws(1)
+    counts = {i: first.count(i) for i in range(4)}
+    # each of rows 1 and 3 is drawn once an epoch; rows 0 and 2 about half as often
+    assert counts[1] == counts[3] and 0.3 < counts[0] / counts[1] < 0.7
+    assert 0.3 < counts[2] / counts[1] < 0.7
+
+
+def test_a_row_regains_its_turns_once_its_group_has_signal() -> None:
+    data = _signal_dataset(skip=1.0)
+    drawn = [data.next(group).index for group in range(4)]  # rows 0-3, none measured yet
+    assert drawn == [0, 1, 2, 3] and data.next(4).index == 0  # a second group of row 0
+    data.observe(0, [1.0, 1.0])  # the first ends without signal...
+    data.observe(99, [0.0, 1.0])  # (a group the dataset never drew: ignored)
+    assert [data.next().index for _ in range(3)] == [1, 2, 3]  # ...so row 0 is passed over
+    data.observe(4, [0.0, 1.0])  # ...until its later group has signal
+    assert [data.next().index for _ in range(4)] == [0, 1, 2, 3]
+
+
+def test_when_no_task_has_signal_one_is_still_drawn() -> None:
+    data = _signal_dataset(skip=1.0)
+    for group in range(4):
+        data.next(group)
+        data.observe(group, [1.0, 1.0])
+    assert data.next().index in range(4)  # bounded search, never a hang
+    assert data.skipped == 4  # one full pass over the rows, then the next one is drawn
+
+
+def test_resume_restores_what_was_measured() -> None:
+    data = _signal_dataset(skip=0.5)
+    _first_epoch(data)
+    [data.next() for _ in range(5)]
+    state = json.loads(json.dumps(data.state_dict()))
+    resumed = _signal_dataset(skip=0.5)
+    resumed.load_state_dict(state)
+    assert [resumed.next().index for _ in range(40)] == [data.next().index for _ in range(40)]
+    assert resumed.skipped == data.skipped
