@@ -14,22 +14,11 @@ import pytest
 
 from tests.chat_families import FAMILIES, family_tokenizer
 from tests.fakes import FakeEngine
+from tests.integration.test_gateway_sdk import WEATHER_TOOL as WEATHER
 from tracerl.engine.client import EngineClient
 from tracerl.engine.server import start_server
 from tracerl.formats import format_for
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+from tracerl.gateway.render import ChatRenderer
 
 # each family's three replies, as its model writes them: a call (Paris), text, a call (Rome)
 ANSWER = "It is 18 C in Paris."
@@ -93,9 +82,7 @@ async def family_engine() -> AsyncIterator[Any]:
 
     async def start(family: str) -> tuple[FakeEngine, EngineClient]:
         tokenizer = family_tokenizer(family)
-        fmt = format_for(tokenizer.chat_template)
-        vocab = tokenizer.get_vocab()
-        stops = frozenset(vocab[t] for t in fmt.stop_tokens if t in vocab)
+        stops = frozenset(ChatRenderer(tokenizer).stop_ids())  # the format's end-of-turn tokens
         fake = FakeEngine(tokenizer, eos_id=tokenizer.eos_token_id, stops=stops)
         runner, port = await start_server(fake.app(), "127.0.0.1", 0)
         client = EngineClient(f"http://127.0.0.1:{port}", timeout_s=30)

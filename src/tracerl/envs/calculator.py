@@ -20,8 +20,8 @@ import random
 from typing import Any
 
 from tracerl.config.envs import CalculatorEnvConfig
-from tracerl.envs.base import EnvResult, Session, Task, TraceReward, sampling_params
-from tracerl.envs.chat import first_messages, openai_client
+from tracerl.envs.base import EnvResult, Session, Task, TraceReward
+from tracerl.envs.chat import play_with_tools
 from tracerl.envs.expression import calculate
 from tracerl.envs.rewards import exact_answer_reward, from_final_text
 
@@ -81,31 +81,28 @@ class CalculatorEnvironment:
         self.reward_fn: TraceReward | None = from_final_text(exact_answer_reward)
 
     async def run(self, task: Task, session: Session) -> EnvResult:
-        sampling = sampling_params(self.config.sampling.model_dump(), session)
-        messages = first_messages(self.config, f"{task['prompt']}\n{INSTRUCTION}")
-        turns = tool_calls = tool_errors = 0
-        async with openai_client(session, self.config.request_timeout_s) as client:
-            while turns < self.config.max_turns:
-                reply = await client.chat.completions.create(
-                    model=session.model, messages=messages, tools=[CALCULATE_TOOL], **sampling
-                )
-                turns += 1
-                message = reply.choices[0].message
-                if not message.tool_calls:
-                    reward = exact_answer_reward(task, message.content or "")
-                    if reward == 0.0 and tool_calls > tool_errors:  # shaping for small models
-                        reward = self.config.tool_use_reward
-                    return EnvResult(reward, _metrics(turns, tool_calls, tool_errors, False))
-                messages.append(message.model_dump(exclude_none=True))
-                for call in message.tool_calls:
-                    if call.type == "function":
-                        content, error = run_tool(call.function.name, call.function.arguments)
-                    else:
-                        content, error = "error: only function tools are supported", True
-                    tool_calls += 1
-                    tool_errors += error
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
-        return EnvResult(0.0, _metrics(turns, tool_calls, tool_errors, True))
+        counts = {"calls": 0, "errors": 0}
+
+        def answer(name: str | None, arguments: str) -> str:
+            if name is None:
+                content, error = "error: only function tools are supported", True
+            else:
+                content, error = run_tool(name, arguments)
+            counts["calls"] += 1
+            counts["errors"] += error
+            return content
+
+        prompt = f"{task['prompt']}\n{INSTRUCTION}"
+        c = self.config
+        play = await play_with_tools(session, c, prompt, [CALCULATE_TOOL], c.max_turns, answer)
+        calls, errors = counts["calls"], counts["errors"]
+        metrics = _metrics(play.turns, calls, errors, play.turn_limit)
+        if play.final_text is None:
+            return EnvResult(0.0, metrics)
+        reward = exact_answer_reward(task, play.final_text)
+        if reward == 0.0 and calls > errors:  # shaping for small models
+            reward = c.tool_use_reward
+        return EnvResult(reward, metrics)
 
 
 def _metrics(turns: int, tool_calls: int, tool_errors: int, turn_limit: bool) -> dict[str, float]:

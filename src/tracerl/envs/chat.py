@@ -1,4 +1,5 @@
-"""The openai SDK client every built-in environment uses, and the single-turn chat environment.
+"""The openai SDK client every built-in environment uses, the single-turn chat environment, and
+the turn loop of the tool-using ones (`play_with_tools`).
 
 Clients are `openai.AsyncOpenAI` with `max_retries=0` (the engine pool retries a failed engine
 request; an SDK retry would send the turn again and record it twice) and an explicit timeout.
@@ -7,6 +8,8 @@ One client per episode, closed when the episode ends: episodes share nothing but
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import openai
@@ -32,6 +35,57 @@ def first_messages(config: ChatEnvConfig, user: str) -> list[Any]:
         messages.append({"role": "system", "content": config.system_prompt})
     messages.append({"role": "user", "content": user})
     return messages
+
+
+@dataclass
+class ToolPlay:
+    """How a tool-using episode ended: after `turns` model turns, with the final reply's text
+    (None when a tool answer ended it, or the turns ran out: `turn_limit`)."""
+
+    turns: int
+    final_text: str | None
+    turn_limit: bool
+
+
+ToolAnswer = Callable[[str | None, str], str | None]
+"""A call's answer: (function name, None for a call of another type; its arguments) -> the tool
+message's content, or None to end the episode on this call."""
+
+
+async def play_with_tools(
+    session: Session,
+    config: ChatEnvConfig,
+    prompt: str,
+    tools: list[Any],
+    max_turns: int,
+    answer: ToolAnswer,
+) -> ToolPlay:
+    """The turns of a tool-using episode through the official openai SDK: every reply with tool
+    calls gets one `tool` message per call (`answer`'s), until a reply without calls or
+    `max_turns` model turns. Assistant messages go back exactly as the SDK returned them, so the
+    gateway records the episode as one trajectory."""
+    sampling = sampling_params(config.sampling.model_dump(), session)
+    messages = first_messages(config, prompt)
+    turns = 0
+    async with openai_client(session, config.request_timeout_s) as client:
+        while turns < max_turns:
+            reply = await client.chat.completions.create(
+                model=session.model, messages=messages, tools=tools, **sampling
+            )
+            turns += 1
+            message = reply.choices[0].message
+            if not message.tool_calls:
+                return ToolPlay(turns, message.content or "", False)
+            messages.append(message.model_dump(exclude_none=True))
+            for call in message.tool_calls:
+                function = call.function if call.type == "function" else None
+                content = answer(
+                    function.name if function else None, function.arguments if function else ""
+                )
+                if content is None:
+                    return ToolPlay(turns, None, False)
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
+    return ToolPlay(turns, None, True)
 
 
 class SingleTurnEnvironment:

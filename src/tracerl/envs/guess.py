@@ -24,8 +24,8 @@ import random
 from typing import Any
 
 from tracerl.config.envs import GuessEnvConfig
-from tracerl.envs.base import EnvResult, Session, Task, sampling_params
-from tracerl.envs.chat import first_messages, openai_client
+from tracerl.envs.base import EnvResult, Session, Task
+from tracerl.envs.chat import play_with_tools
 from tracerl.envs.rewards import exact_answer_reward, final_text
 from tracerl.trace.schema import SessionTrace, Turn
 
@@ -91,33 +91,30 @@ class GuessEnvironment:
         self.reward_fn = trace_reward
 
     async def run(self, task: Task, session: Session) -> EnvResult:
-        sampling = sampling_params(self.config.sampling.model_dump(), session)
-        messages = first_messages(self.config, task["prompt"])
-        turns = guesses = invalid = 0
-        async with openai_client(session, self.config.request_timeout_s) as client:
-            while turns < self.config.max_turns:
-                reply = await client.chat.completions.create(
-                    model=session.model, messages=messages, tools=[GUESS_TOOL], **sampling
-                )
-                turns += 1
-                message = reply.choices[0].message
-                if not message.tool_calls:
-                    reward = exact_answer_reward(task, message.content or "")
-                    return EnvResult(reward, _metrics(turns, guesses, invalid, reward == 1.0))
-                messages.append(message.model_dump(exclude_none=True))
-                for call in message.tool_calls:
-                    guesses += 1
-                    if call.type != "function":
-                        content, found = "error: only function tools are supported", None
-                    else:
-                        content, found = answer_guess(
-                            task, call.function.name, call.function.arguments
-                        )
-                    invalid += found is None
-                    if found:
-                        return EnvResult(1.0, _metrics(turns, guesses, invalid, True))
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
-        return EnvResult(0.0, _metrics(turns, guesses, invalid, False))
+        counts = {"guesses": 0, "invalid": 0, "found": 0}
+
+        def answer(name: str | None, arguments: str) -> str | None:
+            counts["guesses"] += 1
+            if name is None:
+                content, found = "error: only function tools are supported", None
+            else:
+                content, found = answer_guess(task, name, arguments)
+            counts["invalid"] += found is None
+            counts["found"] += bool(found)
+            return None if found else content  # a correct guess ends the episode
+
+        c = self.config
+        play = await play_with_tools(session, c, task["prompt"], [GUESS_TOOL], c.max_turns, answer)
+        solved = counts["found"] > 0
+        if play.final_text is not None:
+            solved = exact_answer_reward(task, play.final_text) == 1.0
+        metrics = {
+            "turns": float(play.turns),
+            "guesses": float(counts["guesses"]),
+            "invalid_guesses": float(counts["invalid"]),
+            "solved": float(solved),
+        }
+        return EnvResult(float(solved), metrics)
 
 
 def _guesses(turn: Turn) -> list[str]:
@@ -149,12 +146,3 @@ def trace_reward(task: Task, trace: SessionTrace) -> float:
         if any(answer_guess(task, "guess", args)[1] for args in _guesses(turn)):
             return 1.0
     return exact_answer_reward(task, final_text(trace)) if trace.turns else 0.0
-
-
-def _metrics(turns: int, guesses: int, invalid: int, solved: bool) -> dict[str, float]:
-    return {
-        "turns": float(turns),
-        "guesses": float(guesses),
-        "invalid_guesses": float(invalid),
-        "solved": float(solved),
-    }

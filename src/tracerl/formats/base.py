@@ -93,6 +93,16 @@ def json_call(text: str, cut: bool, key: str = "arguments") -> ParsedCall | None
     return ParsedCall(json.loads(head.group(1)), partial_arguments(raw), partial=raw)
 
 
+def named_call(name: str, raw: str, cut: bool) -> ParsedCall | None:
+    """A call written as its name and then its JSON arguments; None when they are not an
+    object, unless the budget cut them (`cut`): then a call in progress."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        return ParsedCall(name.strip(), partial_arguments(raw), partial=raw) if cut else None
+    return ParsedCall(name.strip(), value) if isinstance(value, dict) else None
+
+
 def schema_value(value: str, schema: dict[str, Any] | None) -> Any:
     """An XML-style call's parameter value: the text as is where the tool's schema says it is a
     string (or says nothing and it is not JSON), else the JSON value it spells."""

@@ -17,7 +17,6 @@ that file built offline) is left for later.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -27,7 +26,7 @@ from tracerl.formats.base import (
     ParsedCall,
     ParsedOutput,
     arguments_schema,
-    partial_arguments,
+    named_call,
     tool_named,
 )
 
@@ -59,19 +58,12 @@ class Harmony(ChatFormat):
             channel = _CHANNEL.search(head)
             recipient = _RECIPIENT.search(head)
             if recipient is not None:
-                name = recipient.group(1)
-                try:
-                    value = json.loads(body)
-                except json.JSONDecodeError:
-                    if end or not cut:  # ended, yet not JSON: the call is malformed, text
-                        content.append(body)
-                        continue
-                    calls.append(ParsedCall(name, partial_arguments(body), partial=body))
-                    continue
-                if isinstance(value, dict):
-                    calls.append(ParsedCall(name, value))
-                else:
+                # not JSON although it ended: malformed, text; not ended: a call in progress
+                call = named_call(recipient.group(1), body, cut and not end)
+                if call is None:
                     content.append(body)
+                else:
+                    calls.append(call)
             elif channel is not None and channel.group(1) == "analysis":
                 reasoning.append(body.strip())
             else:

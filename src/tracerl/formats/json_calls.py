@@ -23,6 +23,7 @@ import hashlib
 import json
 import re
 import string
+from collections.abc import Callable
 from typing import Any
 
 from tracerl.formats.base import (
@@ -31,9 +32,19 @@ from tracerl.formats.base import (
     ParsedCall,
     arguments_schema,
     json_call,
-    partial_arguments,
+    named_call,
     tool_named,
 )
+
+
+def map_calls(
+    messages: list[dict[str, Any]], change: Callable[[dict[str, Any]], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`messages` with `change` applied to each assistant tool call (copies; none changed)."""
+    return [
+        {**m, "tool_calls": [change(c) for c in m["tool_calls"]]} if m.get("tool_calls") else m
+        for m in messages
+    ]
 
 
 def _any_call(tools: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -122,16 +133,10 @@ class Mistral(ChatFormat):
             last = cut and i == len(chunks) - 1
             if self.args in chunk:
                 name, _, raw = chunk.partition(self.args)
-                try:
-                    value = json.loads(raw)
-                except json.JSONDecodeError:
-                    if not last:
-                        return text, []
-                    calls.append(ParsedCall(name.strip(), partial_arguments(raw), partial=raw))
-                    continue
-                if not isinstance(value, dict):
+                call = named_call(name, raw, last)
+                if call is None:
                     return text, []
-                calls.append(ParsedCall(name.strip(), value))
+                calls.append(call)
                 continue
             listed = self._listed(chunk.strip(), last)
             if listed is None:
@@ -171,17 +176,13 @@ class Mistral(ChatFormat):
         return ForcedCall(f'{self.marker}[{{"name": {json.dumps(name)}, "arguments": ', schema)
 
     def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for message in messages:
-            if message.get("tool_calls"):
-                calls = [
-                    {**c, "id": nine_char_id(str(c.get("id", "")))} for c in message["tool_calls"]
-                ]
-                message = {**message, "tool_calls": calls}
-            if message["role"] == "tool" and message.get("tool_call_id"):
-                message = {**message, "tool_call_id": nine_char_id(str(message["tool_call_id"]))}
-            out.append(message)
-        return out
+        out = map_calls(messages, lambda c: {**c, "id": nine_char_id(str(c.get("id", "")))})
+        return [
+            {**m, "tool_call_id": nine_char_id(str(m["tool_call_id"]))}
+            if m["role"] == "tool" and m.get("tool_call_id")
+            else m
+            for m in out
+        ]
 
 
 class DeepSeek(ChatFormat):
@@ -211,16 +212,10 @@ class DeepSeek(ChatFormat):
             if self._fenced.match(name):  # V3: function<sep>NAME\n```json\n{...}\n```
                 name, _, raw = raw.partition("\n")
                 raw = raw.strip().removeprefix("```json").removesuffix("```")
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError:
-                if not (last and not complete):
-                    return text, []
-                calls.append(ParsedCall(name.strip(), partial_arguments(raw), partial=raw))
-                continue
-            if not isinstance(value, dict):
+            call = named_call(name, raw, last and not complete)
+            if call is None:
                 return text, []
-            calls.append(ParsedCall(name.strip(), value))
+            calls.append(call)
         return content, calls
 
     def forced_call(self, name: str | None, tools: list[dict[str, Any]]) -> ForcedCall:
@@ -230,22 +225,14 @@ class DeepSeek(ChatFormat):
         return ForcedCall(prefix, arguments_schema(tool_named(name, tools)))
 
     def prepare(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        out = []
-        for message in messages:
-            if message.get("tool_calls"):
-                calls = [
-                    {
-                        **c,
-                        "function": {
-                            **c["function"],
-                            "arguments": json.dumps(c["function"]["arguments"]),
-                        },
-                    }
-                    for c in message["tool_calls"]
-                ]
-                message = {**message, "tool_calls": calls}
-            out.append(message)
-        return out
+        def as_text(call: dict[str, Any]) -> dict[str, Any]:
+            function = call["function"]
+            return {
+                **call,
+                "function": {**function, "arguments": json.dumps(function["arguments"])},
+            }
+
+        return map_calls(messages, as_text)
 
     def with_tools(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]

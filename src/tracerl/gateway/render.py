@@ -49,8 +49,12 @@ class ChatRenderer:
     def stop_ids(self) -> list[int]:
         """The ids of the format's own end-of-turn tokens (GLM's next-speaker tags) that the
         vocabulary has."""
-        vocab = self.tokenizer.get_vocab()
-        return sorted(vocab[t] for t in self.format.stop_tokens if t in vocab)
+        ids = []
+        for token in self.format.stop_tokens:  # one lookup each: get_vocab() copies the vocabulary
+            i = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(i, int) and self.tokenizer.convert_ids_to_tokens(i) == token:
+                ids.append(i)  # a missing token maps to the unknown one, which is not it
+        return sorted(ids)
 
     def turn_ends(self, eos_ids: set[int]) -> tuple[str, ...]:
         """The texts that end an assistant message in a rendering: its end-of-turn tokens', and
