@@ -263,6 +263,8 @@ def _turn_html(turn: Turn) -> str:
         f"{turn.endpoint} · weight version {turn.weight_version} · finish {turn.finish_reason}"
         f" · {len(turn.prompt_ids)} prompt + {len(turn.completion_ids)} completion tokens"
         + (f" · extends turn {turn.parent}" if turn.parent is not None else "")
+        + (" (bridged: the template re-renders that reply)" if turn.bridged else "")
+        + (f" · new trajectory: {turn.fork_reason}" if turn.fork_reason else "")
         + (" · client disconnected" if turn.client_disconnected else "")
     )
     return (
