@@ -15,13 +15,12 @@ that a small model gets wrong without the tool.
 
 from __future__ import annotations
 
-import json
 import random
 from typing import Any
 
 from tracerl.config.envs import CalculatorEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task, TraceReward
-from tracerl.envs.chat import play_with_tools
+from tracerl.envs.chat import call_arguments, play_with_tools
 from tracerl.envs.expression import calculate
 from tracerl.envs.rewards import exact_answer_reward, from_final_text
 
@@ -60,13 +59,10 @@ def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
 
 def run_tool(name: str, arguments: str) -> tuple[str, bool]:
     """The tool message's content for one call, and whether it was an error."""
-    if name != "calculate":
-        return f"error: unknown tool {name!r}; the only tool is calculate", True
-    try:
-        args = json.loads(arguments)
-    except json.JSONDecodeError:
-        return "error: the arguments are not valid JSON", True
-    if not isinstance(args, dict) or not isinstance(args.get("expression"), str):
+    args = call_arguments("calculate", name, arguments)
+    if isinstance(args, str):
+        return args, True
+    if not isinstance(args.get("expression"), str):
         return 'error: expected arguments {"expression": "<arithmetic>"}', True
     result = calculate(args["expression"])
     return result, result.startswith("error:")

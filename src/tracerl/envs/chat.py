@@ -8,6 +8,7 @@ One client per episode, closed when the episode ends: episodes share nothing but
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,18 @@ def first_messages(config: ChatEnvConfig, user: str) -> list[Any]:
         messages.append({"role": "system", "content": config.system_prompt})
     messages.append({"role": "user", "content": user})
     return messages
+
+
+def call_arguments(tool: str, name: str, arguments: str) -> dict[str, Any] | str:
+    """A call of the one tool `tool`: its arguments as an object ({} when they are JSON but
+    not an object), or the error its tool message gives back (another tool, not JSON)."""
+    if name != tool:
+        return f"error: unknown tool {name!r}; the only tool is {tool}"
+    try:
+        args = json.loads(arguments)
+    except json.JSONDecodeError:
+        return "error: the arguments are not valid JSON"
+    return args if isinstance(args, dict) else {}
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any
 
 from tracerl.config.envs import GuessEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task
-from tracerl.envs.chat import play_with_tools
+from tracerl.envs.chat import call_arguments, play_with_tools
 from tracerl.envs.rewards import exact_answer_reward, final_text
 from tracerl.trace.schema import SessionTrace, Turn
 
@@ -62,13 +62,10 @@ def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
 
 def answer_guess(task: Task, name: str, arguments: str) -> tuple[str, bool | None]:
     """The tool's answer to one call, and whether it found the number (None: invalid)."""
-    if name != "guess":
-        return f"error: unknown tool {name!r}; the only tool is guess", None
-    try:
-        args = json.loads(arguments)
-    except json.JSONDecodeError:
-        return "error: the arguments are not valid JSON", None
-    number = args.get("number") if isinstance(args, dict) else None
+    args = call_arguments("guess", name, arguments)
+    if isinstance(args, str):
+        return args, None
+    number = args.get("number")
     if isinstance(number, str) and number.strip().lstrip("-").isdigit():
         number = int(number)  # small models quote numbers; the value is still a guess
     if not isinstance(number, int) or isinstance(number, bool):
