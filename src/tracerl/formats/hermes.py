@@ -40,12 +40,8 @@ _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"argume
 """A call object's start up to its arguments' value, the name complete."""
 
 
-def parse_output(text: str, reasoning: bool = False, cut: bool = False) -> ParsedOutput:
-    thought = None
-    if reasoning and text.lstrip().startswith(THINK_OPEN) and THINK_CLOSE in text:
-        head, _, text = text.lstrip()[len(THINK_OPEN) :].partition(THINK_CLOSE)
-        thought = head.strip()
-        text = text.lstrip()
+def parse_output(text: str, cut: bool = False) -> ParsedOutput:
+    """Content and `<tool_call>` blocks (reasoning is the format's: `ChatFormat.parse`)."""
     calls: list[ParsedCall] = []
     kept: list[str] = []
     last = 0
@@ -68,7 +64,7 @@ def parse_output(text: str, reasoning: bool = False, cut: bool = False) -> Parse
         if call is not None or cut:
             rest = rest[:start]
     kept.append(rest)
-    return ParsedOutput(content="".join(kept).rstrip(), tool_calls=calls, reasoning=thought)
+    return ParsedOutput(content="".join(kept).rstrip(), tool_calls=calls)
 
 
 def _read_call(body: str) -> ParsedCall | None:
@@ -207,7 +203,7 @@ class Hermes(ChatFormat):
     def parse_calls(
         self, text: str, cut: bool, tools: list[dict[str, Any]] | None
     ) -> tuple[str, list[ParsedCall]]:
-        out = parse_output(text, False, cut)
+        out = parse_output(text, cut)
         return out.content, out.tool_calls
 
     def streamable(self, text: str) -> str | None:

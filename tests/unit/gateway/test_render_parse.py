@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from tracerl.formats.hermes import hermes_messages, parse_output, streamable_prefix
+from tracerl.formats.hermes import Hermes, hermes_messages, parse_output, streamable_prefix
 from tracerl.gateway.messages import (
     BadRequest,
     anthropic_messages,
@@ -82,9 +82,9 @@ def test_parse_tool_calls_and_keep_malformed_text() -> None:
 
 def test_reasoning_is_split_only_when_the_template_has_it() -> None:
     text = "<think>plan</think>\nanswer"
-    assert parse_output(text, reasoning=True).reasoning == "plan"
-    assert parse_output(text, reasoning=True).content == "answer"
-    assert parse_output(text, reasoning=False).content == text
+    assert Hermes(thinking=True).parse(text).reasoning == "plan"
+    assert Hermes(thinking=True).parse(text).content == "answer"
+    assert Hermes(thinking=False).parse(text).content == text
 
 
 @pytest.mark.parametrize(
