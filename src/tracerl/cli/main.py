@@ -14,6 +14,7 @@ from tracerl.config import (
     EngineCommandConfig,
     GatewayCommandConfig,
     ServeConfig,
+    SftCommandConfig,
     TrainCommandConfig,
     ViewConfig,
     field_help,
@@ -118,6 +119,16 @@ def _cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     run_dir = prepare_run_dir(args.config, args.run_dir, args.resume)
     save_resolved_config(config, str(run_dir))
     return run_train(config, run_dir, resume=args.resume)
+
+
+def _cmd_sft(args: argparse.Namespace, overrides: list[str]) -> int:
+    from tracerl.cli.train import prepare_run_dir
+    from tracerl.sft.run import run_sft
+
+    config = load_config(SftCommandConfig, args.config, overrides)
+    run_dir = prepare_run_dir(args.config, args.run_dir, args.resume)
+    save_resolved_config(config, str(run_dir))
+    return run_sft(config, run_dir, resume=args.resume)
 
 
 def _cmd_plot(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -246,6 +257,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue the run directory's last checkpoint"
     )
     train.set_defaults(func=_cmd_train)
+
+    sft = sub.add_parser(
+        "sft",
+        help="supervised fine-tuning on conversations or on a run's recorded traces",
+        description="Fine-tune the model on OpenAI-format conversations (loss on assistant "
+        "tokens only) or on the recorded episodes of runs filtered by reward (rejection "
+        "sampling), with the trainer's batching, checkpoints (--resume) and export.",
+        epilog=_config_epilog(SftCommandConfig),
+        formatter_class=fmt,
+    )
+    sft.add_argument("config", help="TOML config file (see examples/sft_*.toml)")
+    sft.add_argument(
+        "--run-dir", help="run directory (default: runs/<config name>); must be new or --resume"
+    )
+    sft.add_argument(
+        "--resume", action="store_true", help="continue the run directory's last checkpoint"
+    )
+    sft.set_defaults(func=_cmd_sft)
 
     plot = sub.add_parser("plot", help="PNG charts of a run (reward, losses, KL, throughput)")
     plot.add_argument("run_dir", help="a run directory with metrics.jsonl")

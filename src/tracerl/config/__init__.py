@@ -23,6 +23,7 @@ from tracerl.config.engine import (
 from tracerl.config.gateway import GatewayCommandConfig, GatewayConfig, ServeConfig
 from tracerl.config.pool import PoolConfig
 from tracerl.config.run import LoggingConfig, LoopConfig, TrainCommandConfig
+from tracerl.config.sft import SftCommandConfig
 from tracerl.config.telemetry import TelemetryConfig
 from tracerl.config.train import TrainerConfig
 from tracerl.config.view import ViewConfig
@@ -41,6 +42,7 @@ __all__ = [
     "PoolConfig",
     "ServeConfig",
     "ServerConfig",
+    "SftCommandConfig",
     "SimEngineConfig",
     "SimFaults",
     "TelemetryConfig",

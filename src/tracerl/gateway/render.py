@@ -15,6 +15,10 @@ from tracerl.engine.detokenize import safe_decode
 from tracerl.formats import format_for
 
 
+class ReplyNotRendered(ValueError):
+    """An assistant message whose tokens the chat template does not set apart (`reply`)."""
+
+
 class ChatRenderer:
     """Renders with one tokenizer's chat template; knows whether that template handles tools."""
 
@@ -45,6 +49,32 @@ class ChatRenderer:
             **self.tokenizer.special_tokens_map,
         )
         return str(rendered[0])
+
+    def reply(
+        self,
+        before: list[dict[str, Any]],
+        reply: dict[str, Any],
+        tools: list[dict[str, Any]],
+        turn_ends: tuple[str, ...],
+    ) -> tuple[str, str]:
+        """The prompt `before` renders (generation prompt included) and the text of the
+        assistant message `reply` after it as the template writes it, through its first
+        end-of-turn marker (`turn_ends`): what the model would have to sample to give that
+        reply. `ReplyNotRendered` when the template's rendering of the conversation with the
+        reply does not start with the prompt, or the reply's turn has no end marker."""
+        prompt = self.render(before, tools)
+        rendered = self.render([*before, reply], tools)
+        if not rendered.startswith(prompt):
+            raise ReplyNotRendered(
+                "the chat template renders the conversation with this reply differently than "
+                "its prompt, so the reply's tokens cannot be told apart"
+            )
+        rest = rendered[len(prompt) :]
+        found = [(rest.find(m), -len(m)) for m in turn_ends if m and m in rest]
+        if not found:
+            raise ReplyNotRendered("the chat template writes no end-of-turn marker after it")
+        start, minus_length = min(found)  # the first marker; of two there, the longer
+        return prompt, rest[: start - minus_length]
 
     def stop_ids(self) -> list[int]:
         """The ids of the format's own end-of-turn tokens (GLM's next-speaker tags) that the

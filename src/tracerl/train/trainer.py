@@ -64,7 +64,14 @@ from tracerl.train.models import load_actor, load_reference, value_model_from_ac
 from tracerl.train.phases import MemoryPhases, Phase, Place
 from tracerl.train.schedule import ResumableLambdaLR, build_lr_schedule
 from tracerl.train.shard import Shard, reshard, shard_model, world
-from tracerl.train.update import ActorTargets, Metrics, token_stats, update_actor, update_critic
+from tracerl.train.update import (
+    ActorTargets,
+    Metrics,
+    token_stats,
+    update_actor,
+    update_critic,
+    update_sft,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -257,6 +264,35 @@ class Trainer:
         metrics.set("weight_version/min", float(min(versions)))
         metrics.set("weight_version/max", float(max(versions)))
         metrics.mean("reward/mean", float(batch.rewards.sum()) / max(batch.size, 1), batch.size)
+        return metrics.result()
+
+    def sft_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
+        """One supervised step on `samples`: the mean negative log-likelihood of their
+        `loss_mask` tokens (rewards and log-probs unused), one optimizer update."""
+        started = time.perf_counter()
+        if not samples:
+            raise SampleError("samples: a step needs at least one sample")
+        shard = Shard.split(samples, self.rank, self.world_size)
+        batch = PackedBatch.build([samples[i] for i in shard.owned], self.device)
+        metrics = Metrics()
+        try:
+            with self._phase(Phase.ACTOR, "actor", metrics):
+                self.phases.require("actor")
+                update_sft(
+                    self.actor, self.actor_optimizer, self.actor_scheduler, batch, shard,
+                    self.config, metrics, self.batching,
+                )  # fmt: skip
+        finally:
+            self.phases.enter(Phase.IDLE)
+        self.step_count += 1
+        elapsed = time.perf_counter() - started
+        mask_tokens = float(all_reduce_sum(batch.loss_mask.sum().double().cpu()))
+        tokens = float(all_reduce_sum(torch.tensor(float(sum(batch.lengths)), dtype=torch.float64)))
+        metrics.set("time/step", elapsed)
+        metrics.set("perf/tokens", tokens)
+        metrics.set("perf/trained_tokens", mask_tokens)
+        metrics.set("perf/tokens_per_s", tokens / elapsed)
+        metrics.set("step", float(self.step_count))
         return metrics.result()
 
     @contextlib.contextmanager

@@ -272,6 +272,39 @@ def update_actor(
     )  # fmt: skip
 
 
+def update_sft(
+    actor: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batch: PackedBatch,
+    shard: Shard,
+    config: TrainerConfig,
+    metrics: Metrics,
+    batching: Batching,
+) -> None:
+    """One supervised update of the actor over this rank's `shard` of the step's samples: the
+    negative log-likelihood of the trained tokens (`loss_mask`), averaged over all of them,
+    at temperature 1 whatever the sampling temperature."""
+    parts = shard.localize([list(range(shard.total))])
+
+    def padding(mb: MicroBatch) -> None:
+        lp, _ = action_logprobs(actor, mb, 1.0)
+        (lp.sum() * 0).backward()
+
+    def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
+        lp, entropy = action_logprobs(actor, mb, 1.0, with_entropy=True)
+        loss = -lp.sum() / denom
+        loss.backward()
+        metrics.add("actor/sft_loss", float(loss.detach()))
+        if entropy is not None and lp.numel():
+            metrics.mean("actor/entropy", float(entropy.mean()), lp.numel())
+
+    _update(
+        actor, optimizer, scheduler, batch, parts, config, "token_mean", backward,
+        "actor", metrics, batching, shard, padding,
+    )  # fmt: skip
+
+
 def update_critic(
     critic: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
