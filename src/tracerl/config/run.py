@@ -87,6 +87,25 @@ class LoggingConfig(Config):
     """Also log to this Weights & Biases project (needs `wandb` and a login)."""
 
 
+class ColdStartConfig(Config):
+    """Before RL: the environment's scripted policy plays `demonstrations` episodes through
+    the gateway (recorded as traces, `kind` demo), the model is fine-tuned on the successful
+    ones (`tracerl sft` on those traces, in RUN_DIR/cold_start), and RL starts from the
+    result. For a model that would otherwise never use the environment's tools."""
+
+    demonstrations: int = Field(default=0, ge=0)
+    """Demonstration episodes to play (0: no cold start). Tasks come from `dataset`."""
+    steps: int | None = Field(default=None, ge=1)
+    """SFT steps; unset: `epochs` passes over the demonstrations."""
+    epochs: float = Field(default=1.0, gt=0)
+    batch_size: int = Field(default=16, ge=1)
+    """Trajectories per SFT step."""
+    lr: float = Field(default=1e-5, gt=0)
+    """The SFT learning rate (constant; RL then uses `trainer.actor.lr`)."""
+    min_reward: float = 1.0
+    """Only demonstrations scored at least this are trained on."""
+
+
 class TrainCommandConfig(Config):
     """`tracerl train`: dataset -> dispatcher -> environments through the gateway -> traces ->
     rewards -> trainer -> weight sync, step after step."""
@@ -119,6 +138,8 @@ class TrainCommandConfig(Config):
     """Where the trainer ranks and engines run: this process, or a Ray cluster."""
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     """OpenTelemetry spans to an OTLP collector (off unless `otlp_endpoint` is set)."""
+    cold_start: ColdStartConfig = Field(default_factory=ColdStartConfig)
+    """Demonstrations and SFT before RL (off unless `demonstrations` is set)."""
 
     @model_validator(mode="before")
     @classmethod

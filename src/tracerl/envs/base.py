@@ -34,6 +34,9 @@ class Session:
     traceparent: str | None = None
     """The episode's span as a W3C `traceparent` (telemetry on): external agents get it as
     `TRACEPARENT`, so their own spans join the episode's trace."""
+    demonstration: bool = False
+    """Play the environment's scripted policy: every reply is its demonstration
+    (`tracerl.gateway.demonstrations`), recorded for supervised fine-tuning, never sampled."""
 
     @classmethod
     def from_gateway(
@@ -43,6 +46,7 @@ class Session:
         model: str = "policy",
         sampling: Mapping[str, Any] | None = None,
         traceparent: str | None = None,
+        demonstration: bool = False,
     ) -> Session:
         """Build from the JSON body of `POST /sessions`."""
         return cls(
@@ -53,6 +57,7 @@ class Session:
             model=model,
             sampling=dict(sampling or {}),
             traceparent=traceparent,
+            demonstration=demonstration,
         )
 
 

@@ -15,12 +15,14 @@ that a small model gets wrong without the tool.
 
 from __future__ import annotations
 
+import json
 import random
+import re
 from typing import Any
 
 from tracerl.config.envs import CalculatorEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task, TraceReward
-from tracerl.envs.chat import call_arguments, play_with_tools
+from tracerl.envs.chat import Script, call_arguments, play_with_tools
 from tracerl.envs.expression import calculate
 from tracerl.envs.rewards import exact_answer_reward, from_final_text
 
@@ -68,6 +70,29 @@ def run_tool(name: str, arguments: str) -> tuple[str, bool]:
     return result, result.startswith("error:")
 
 
+def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message making one function call (what a scripted policy demonstrates)."""
+    function = {"name": name, "arguments": json.dumps(arguments)}
+    call = {"id": "call_0", "type": "function", "function": function}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def script(task: Task) -> Script:
+    """The scripted policy: calculate the question's expression, then state the tool's value
+    (a question it cannot read is answered from the task directly)."""
+    found = re.search(r"What is (.+?)\?", str(task["prompt"]))
+
+    def reply(messages: list[Any]) -> dict[str, Any]:
+        results = [m["content"] for m in messages if m["role"] == "tool"]
+        if results:
+            return {"role": "assistant", "content": f"The answer is {results[-1]}."}
+        if found is None:
+            return {"role": "assistant", "content": f"The answer is {task['answer']}."}
+        return tool_call("calculate", {"expression": found.group(1)})
+
+    return reply
+
+
 class CalculatorEnvironment:
     name = "calculator"
     task_fields: tuple[str, ...] = ("prompt", "answer")
@@ -90,7 +115,9 @@ class CalculatorEnvironment:
 
         prompt = f"{task['prompt']}\n{INSTRUCTION}"
         c = self.config
-        play = await play_with_tools(session, c, prompt, [CALCULATE_TOOL], c.max_turns, answer)
+        play = await play_with_tools(
+            session, c, prompt, [CALCULATE_TOOL], c.max_turns, answer, script(task)
+        )
         calls, errors = counts["calls"], counts["errors"]
         metrics = _metrics(play.turns, calls, errors, play.turn_limit)
         if play.final_text is None:

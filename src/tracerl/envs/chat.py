@@ -60,6 +60,9 @@ class ToolPlay:
     turn_limit: bool
 
 
+Script = Callable[[list[Any]], dict[str, Any]]
+"""A scripted policy: the messages so far -> the assistant message it demonstrates."""
+
 ToolAnswer = Callable[[str | None, str], str | None]
 """A call's answer: (function name, None for a call of another type; its arguments) -> the tool
 message's content, or None to end the episode on this call."""
@@ -72,18 +75,25 @@ async def play_with_tools(
     tools: list[Any],
     max_turns: int,
     answer: ToolAnswer,
+    script: Script | None = None,
 ) -> ToolPlay:
     """The turns of a tool-using episode through the official openai SDK: every reply with tool
     calls gets one `tool` message per call (`answer`'s), until a reply without calls or
     `max_turns` model turns. Assistant messages go back exactly as the SDK returned them, so the
-    gateway records the episode as one trajectory."""
+    gateway records the episode as one trajectory. In a demonstration session every reply is
+    `script`'s, sent as the request's `demonstration`."""
+    if session.demonstration and script is None:
+        raise ValueError("this environment has no scripted policy to demonstrate")
     sampling = sampling_params(config.sampling.model_dump(), session)
     messages = first_messages(config, prompt)
     turns = 0
     async with openai_client(session, config.request_timeout_s) as client:
         while turns < max_turns:
+            extra = None
+            if session.demonstration and script is not None:
+                extra = {"demonstration": script(messages)}
             reply = await client.chat.completions.create(
-                model=session.model, messages=messages, tools=tools, **sampling
+                model=session.model, messages=messages, tools=tools, extra_body=extra, **sampling
             )
             turns += 1
             message = reply.choices[0].message

@@ -25,7 +25,8 @@ from typing import Any
 
 from tracerl.config.envs import GuessEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task
-from tracerl.envs.chat import call_arguments, play_with_tools
+from tracerl.envs.calculator import tool_call
+from tracerl.envs.chat import Script, call_arguments, play_with_tools
 from tracerl.envs.rewards import exact_answer_reward, final_text
 from tracerl.trace.schema import SessionTrace, Turn
 
@@ -79,6 +80,22 @@ def answer_guess(task: Task, name: str, arguments: str) -> tuple[str, bool | Non
     return ("higher" if answer > number else "lower"), False
 
 
+def script(task: Task) -> Script:
+    """The scripted policy: a binary search, narrowed by each answer so far."""
+    high = int(task.get("high", 0)) or max(HIGHS)
+
+    def reply(messages: list[Any]) -> dict[str, Any]:
+        lo, hi, guessed = 1, high, 0
+        for m in messages:
+            if m["role"] == "assistant" and m.get("tool_calls"):
+                guessed = json.loads(m["tool_calls"][0]["function"]["arguments"])["number"]
+            elif m["role"] == "tool" and m["content"] in ("higher", "lower"):
+                lo, hi = (guessed + 1, hi) if m["content"] == "higher" else (lo, guessed - 1)
+        return tool_call("guess", {"number": (lo + hi) // 2})
+
+    return reply
+
+
 class GuessEnvironment:
     name = "guess"
     task_fields: tuple[str, ...] = ("prompt", "answer")
@@ -101,7 +118,9 @@ class GuessEnvironment:
             return None if found else content  # a correct guess ends the episode
 
         c = self.config
-        play = await play_with_tools(session, c, task["prompt"], [GUESS_TOOL], c.max_turns, answer)
+        play = await play_with_tools(
+            session, c, task["prompt"], [GUESS_TOOL], c.max_turns, answer, script(task)
+        )
         solved = counts["found"] > 0
         if play.final_text is not None:
             solved = exact_answer_reward(task, play.final_text) == 1.0

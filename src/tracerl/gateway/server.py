@@ -35,6 +35,7 @@ from aiohttp import web
 from tracerl.engine.protocol import Engine
 from tracerl.gateway.anthropic_api import DIALECT as ANTHROPIC
 from tracerl.gateway.api import Dialect, Outcome
+from tracerl.gateway.demonstrations import DemonstrationEngine, check_read_back, demonstration_of
 from tracerl.gateway.generation import (
     Completion,
     EngineUnavailable,
@@ -376,6 +377,10 @@ class Gateway:
             if forced is not None:
                 plan = plan.then(forced.prefix)
             schema_param = constrain(parsed, forced)
+            demo = demonstration_of(
+                body, dialect.endpoint, parsed, state, forced is not None, self.renderer,
+                self.turn_ends,
+            )  # fmt: skip
             if parsed.output_schema is not None and schema_param is None:
                 self.counters["output_format_unenforced"] += 1  # the model may call a tool
         except BadRequest as e:
@@ -390,11 +395,11 @@ class Gateway:
             return error_response(dialect, 400, str(e), e.param)
         turn = PendingTurn(
             dialect, state, body, parsed, prompt, dialect.new_response_id(),
-            forced.prefix if forced else "",
+            forced.prefix if forced else "", demo[0] if demo else None,
         )  # fmt: skip
         self.counters[f"generation.{dialect.endpoint}.{'traced' if state else 'untraced'}"] += 1
         items = generate(
-            self.engine,
+            DemonstrationEngine(demo[1]) if demo else self.engine,  # type: ignore[arg-type]
             self.tokenizer,
             prompt.ids,
             parsed.spec,
@@ -428,6 +433,11 @@ class Gateway:
         note_completion(request, completion)
         outcome = turn.outcome(completion, self.renderer.format)
         response = self._response(turn, outcome)
+        if demo is not None:
+            try:
+                check_read_back(outcome, demo[0])
+            except BadRequest as e:
+                return error_response(dialect, 400, str(e), e.param)
         if state is not None:
             transport = request.transport
             gone = transport is None or transport.is_closing()
@@ -565,6 +575,7 @@ class Gateway:
                 parent=prompt.parent,
                 bridged=prompt.bridged,
                 fork_reason=prompt.fork_reason,
+                demonstration=turn.demonstration is not None,
                 max_new_tokens=turn.parsed.spec.max_new_tokens,
             )
             await self.store.append_turn(state.session_id, recorded)

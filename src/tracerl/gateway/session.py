@@ -142,6 +142,19 @@ def with_system_prompt(
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
+def rendered_messages(
+    renderer: ChatRenderer, messages: list[dict[str, Any]], state: SessionState | None
+) -> list[dict[str, Any]]:
+    """A request's messages as its prompt is rendered from them: the session's system prompt
+    first, and (formats that re-render replies as sampled) echoed replies as sampled."""
+    if state is None:
+        return messages
+    messages = with_system_prompt(messages, state.system_prompt)
+    if renderer.format.echo_raw:
+        messages = [_as_sampled(m, state.raw_assistant) for m in messages]
+    return messages
+
+
 def plan_prompt(
     renderer: ChatRenderer,
     messages: list[dict[str, Any]],
@@ -153,11 +166,8 @@ def plan_prompt(
     """Render the prompt and find the recorded turn it extends; only the rest needs tokenizing.
     `history`: extend (bridge) or fork at a reply the template re-renders differently;
     `turn_ends`: the texts of the model's end-of-turn tokens."""
-    echoed = messages
-    if state is not None:
-        messages = echoed = with_system_prompt(messages, state.system_prompt)
-        if renderer.format.echo_raw:
-            messages = [_as_sampled(m, state.raw_assistant) for m in messages]
+    echoed = with_system_prompt(messages, state.system_prompt) if state else messages
+    messages = rendered_messages(renderer, messages, state)
     text = renderer.render(messages, tools)
     if state is None or not state.recorded:
         return PromptPlan(text, [], None, text)
@@ -296,6 +306,8 @@ class PendingTurn:
     rid: str
     forced: str = ""
     """A forced tool call's prefix, at the end of the prompt (context, not sampled)."""
+    demonstration: dict[str, Any] | None = None
+    """The reply the client demonstrated (`tracerl.gateway.demonstrations`), if any."""
 
     def outcome(self, completion: Completion, chat_format: ChatFormat) -> Outcome:
         """The reply as the API shows it: a forced call's prefix (context) and what the model

@@ -106,6 +106,9 @@ def env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
 Player = Callable[[Task, Session, float], Awaitable[EpisodeResult]]
 """Plays a task in a session for at most a timeout (`run_episode` here, or an agent worker)."""
 
+DEMO = "demo"
+"""The kind of an episode the environment's scripted policy plays (`Session.demonstration`)."""
+
 REPLAYS = 1
 """Times an episode whose player was lost is played again."""
 
@@ -206,7 +209,11 @@ class EpisodeRunner:
         for attempt in range(REPLAYS + 1):
             url, reply = await self._open(group, kind, span.traceparent)
             session = Session.from_gateway(
-                reply, model=self.model, sampling=sampling, traceparent=span.traceparent
+                reply,
+                model=self.model,
+                sampling=sampling,
+                traceparent=span.traceparent,
+                demonstration=kind == DEMO,
             )
             span.set("tracerl.session.id", session.session_id)  # a cancelled episode's too
             try:
@@ -225,6 +232,11 @@ class EpisodeRunner:
             raise RuntimeError(f"session {session.session_id} has no trace in the store")
         if result.needs_trace_reward:
             result = score_trace(self.env, task, result, trace)
+        if kind != DEMO and any(t.demonstration for t in trace.turns):
+            result = EpisodeResult(
+                None, result.metrics, failed=True, duration_s=result.duration_s,
+                reason="the episode has demonstrated turns (not sampled): RL cannot train on them",
+            )  # fmt: skip
         rollout = Rollout(group, kind, result, session_id=session.session_id)
         rollout.tokens = sum(len(t.completion_ids) for t in trace.turns)
         rollout.held_tokens = max(

@@ -33,6 +33,10 @@ class Turn(BaseModel):
     the template's rendering of the messages after that reply (`gateway.history = "extend"`)."""
     fork_reason: str | None = None
     """Why this turn starts a new trajectory although its session has earlier turns."""
+    demonstration: bool = False
+    """The reply was the client's (a scripted policy's demonstration), not sampled: its
+    tokens are the chat template's rendering of it, its log-probs 0.0. For supervised
+    fine-tuning; RL never trains on it."""
     max_new_tokens: int | None = None
     """The token budget the engine was given: the request's, or less when it was capped to the
     room the context had left (`gateway.max_tokens_policy = "cap"`); None: the engine's own."""
