@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tracerl.config import EngineCommandConfig, TrainCommandConfig, load_config
+from tracerl.config import EngineCommandConfig, SftCommandConfig, TrainCommandConfig, load_config
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 ENGINE = sorted(EXAMPLES.glob("engine*.toml"))
@@ -15,6 +15,14 @@ TRAIN = sorted(p for p in EXAMPLES.glob("*.toml") if not p.name.startswith("engi
 def test_shipped_engine_configs_parse(path: Path) -> None:
     config = load_config(EngineCommandConfig, path)
     assert config.server.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("sft/*.toml")), ids=lambda p: p.name)
+def test_shipped_sft_configs_parse(path: Path) -> None:
+    config = load_config(SftCommandConfig, path)
+    assert config.trainer.algorithm == "grpo"  # no critic is built
+    if config.data.path is not None:
+        assert (EXAMPLES.parent / config.data.path).is_file()
 
 
 @pytest.mark.parametrize("path", TRAIN, ids=lambda p: p.name)

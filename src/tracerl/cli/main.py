@@ -267,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_config_epilog(SftCommandConfig),
         formatter_class=fmt,
     )
-    sft.add_argument("config", help="TOML config file (see examples/sft_*.toml)")
+    sft.add_argument("config", help="TOML config file (see examples/sft/)")
     sft.add_argument(
         "--run-dir", help="run directory (default: runs/<config name>); must be new or --resume"
     )

@@ -19,6 +19,7 @@ Errors name the row (`FILE:LINE`) or the run and session, and the field in the c
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,8 @@ from tracerl.gateway.render import ChatRenderer, ReplyNotRendered
 from tracerl.run.episode_log import EPISODES_FILE
 from tracerl.run.rollouts import trace_samples
 from tracerl.train.batch import TrainSample
-from tracerl.view.reader import EpisodeFilter, RunUnreadable, StoreReader
+
+STORE_FILE = "traces.sqlite"
 
 
 class SftDataError(ValueError):
@@ -143,40 +145,61 @@ def messages_samples(
     return samples
 
 
-def _episodes(run: Path, wanted: EpisodeFilter) -> Iterator[dict[str, Any]]:
+def _wanted(config: SftDataConfig, row: dict[str, Any]) -> bool:
+    """An ended episode's record that `config`'s filters keep (a failed one never)."""
+    reward = row.get("reward")
+    return (
+        not row.get("failed")
+        and reward is not None
+        and (config.kind is None or row.get("kind") == config.kind)
+        and (config.env is None or row.get("env") == config.env)
+        and (config.reward_min is None or reward >= config.reward_min)
+        and (config.reward_max is None or reward <= config.reward_max)
+    )
+
+
+def _episodes(run: Path, config: SftDataConfig) -> list[dict[str, Any]]:
     path = run / EPISODES_FILE
     if not path.is_file():
         raise SftDataError(f"data.runs: {run} has no {EPISODES_FILE} (not a tracerl run)")
-    with path.open() as f:
-        for line in f:
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # the line a killed run was writing
-            if not row.get("failed") and row.get("reward") is not None and wanted.matches(row):
-                yield row
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the line a killed run was writing
+        if _wanted(config, row):
+            rows.append(row)
+    return rows
 
 
-def traces_samples(config: SftDataConfig, vocab_size: int) -> list[TrainSample]:
-    """The trajectories of the episodes of `config.runs` that `config`'s filters keep, as
-    recorded; a token id the model's vocabulary lacks (another model's run) is an error."""
-    wanted = EpisodeFilter(
-        env=config.env,
-        kind=config.kind,
-        failed=False,
-        reward_min=config.reward_min,
-        reward_max=config.reward_max,
-    )
+def _store_of(run: Path) -> str:
+    """Where the run recorded its traces: its config's `trace_store`, else its SQLite file."""
+    saved = run / "config.json"
+    where = json.loads(saved.read_text()).get("trace_store") if saved.is_file() else None
+    if where:
+        return str(where)
+    if not (run / STORE_FILE).is_file():
+        raise SftDataError(f"data.runs: {run} has no {STORE_FILE}")
+    return str(run / STORE_FILE)
+
+
+async def _run_samples(run: Path, config: SftDataConfig, vocab_size: int) -> list[TrainSample]:
+    from tracerl.gateway.store import open_store, read_trace
+    from tracerl.trace.trajectories import TraceError
+
+    rows = _episodes(run, config)
+    if not rows:
+        return []
+    store = await open_store(_store_of(run))
     samples: list[TrainSample] = []
-    for name in config.runs:
-        run = Path(name)
-        store = StoreReader(run)
-        for row in _episodes(run, wanted):
+    try:
+        for row in rows:
             sid = row["session_id"]
             try:
-                trace = store.trace(sid)
-            except RunUnreadable as e:
-                raise SftDataError(f"data.runs: {run}: {e}") from None
+                trace = await read_trace(store, sid)
+            except TraceError as e:
+                raise SftDataError(f"data.runs: {run}: session {sid}: {e}") from None
             if trace is None:
                 raise SftDataError(f"data.runs: {run}: session {sid} is not in its trace store")
             found, _ = trace_samples(trace, float(row["reward"]), int(row.get("group", 0)))
@@ -187,6 +210,17 @@ def traces_samples(config: SftDataConfig, vocab_size: int) -> list[TrainSample]:
                         f"beyond the model's vocabulary of {vocab_size} (a run of another model?)"
                     )
             samples += found
+    finally:
+        await store.close()
+    return samples
+
+
+def traces_samples(config: SftDataConfig, vocab_size: int) -> list[TrainSample]:
+    """The trajectories of the episodes of `config.runs` that `config`'s filters keep, as
+    recorded; a token id the model's vocabulary lacks (another model's run) is an error."""
+    samples: list[TrainSample] = []
+    for name in config.runs:
+        samples += asyncio.run(_run_samples(Path(name), config, vocab_size))
     if not samples:
         raise SftDataError(
             "data.runs: no episode of "

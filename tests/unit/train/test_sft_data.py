@@ -4,6 +4,7 @@ and a run's recorded traces, taken exactly."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 from pathlib import Path
@@ -169,6 +170,16 @@ def test_a_dataset_file_is_read_and_its_errors_name_the_row(tiny, tmp_path: Path
         messages_samples(tmp_path / "d.jsonl", renderer, ends)
 
 
+def test_the_shipped_conversations_render_with_smollm2s_template(tiny) -> None:
+    renderer, ends = renderer_of(tiny[1])  # the tiny model has SmolLM2's tokenizer
+    path = Path(__file__).parents[3] / "examples" / "data" / "conversations.jsonl"
+    samples = messages_samples(path, renderer, ends)
+    assert len(samples) == 28
+    first = trained_text(renderer, samples[0].token_ids, samples[0].loss_mask)
+    assert first.startswith('<tool_call>\n{"name": "calculate", "arguments": {"expression": ')
+    assert first.endswith("</tool_call><|im_end|>The answer is 12981.<|im_end|>")
+
+
 def turn(index: int, prompt: list[int], completion: list[int], parent: int | None) -> Turn:
     return Turn(
         index=index, endpoint="chat.completions", prompt_ids=prompt, completion_ids=completion,
@@ -177,22 +188,26 @@ def turn(index: int, prompt: list[int], completion: list[int], parent: int | Non
     )  # fmt: skip
 
 
-async def test_traces_are_taken_as_recorded_and_filtered_by_their_episode_records(
-    tmp_path: Path,
-) -> None:
+async def record(path: Path, sessions: dict[str, list[Turn]]) -> None:
     from tracerl.gateway.store import SQLiteTraceStore
 
-    store = SQLiteTraceStore(tmp_path / "traces.sqlite")
-    sessions = {
-        "won": [turn(0, [1, 2, 3], [4, 5], None), turn(1, [1, 2, 3, 4, 5, 6], [7, 8], 0)],
-        "lost": [turn(0, [1, 2], [9], None)],
-        "eval": [turn(0, [1, 2], [10], None)],
-    }
+    store = SQLiteTraceStore(path)
     for sid, turns in sessions.items():
         await store.create_session(sid, "k", {})
         for t in turns:
             await store.append_turn(sid, t)
     await store.close()
+
+
+def test_traces_are_taken_as_recorded_and_filtered_by_their_episode_records(
+    tmp_path: Path,
+) -> None:
+    sessions = {
+        "won": [turn(0, [1, 2, 3], [4, 5], None), turn(1, [1, 2, 3, 4, 5, 6], [7, 8], 0)],
+        "lost": [turn(0, [1, 2], [9], None)],
+        "eval": [turn(0, [1, 2], [10], None)],
+    }
+    asyncio.run(record(tmp_path / "traces.sqlite", sessions))
     rows = [
         {"session_id": "won", "kind": "train", "env": "calc", "reward": 1.0, "group": 4},
         {"session_id": "lost", "kind": "train", "env": "calc", "reward": 0.0, "group": 4},
@@ -215,3 +230,6 @@ async def test_traces_are_taken_as_recorded_and_filtered_by_their_episode_record
         traces_samples(none, vocab_size=100)
     with pytest.raises(SftDataError, match="no episodes.jsonl"):
         traces_samples(SftDataConfig(source="traces", runs=[str(tmp_path / "no")]), 100)
+    (tmp_path / "traces.sqlite").unlink()
+    with pytest.raises(SftDataError, match="has no traces.sqlite"):
+        traces_samples(anything, vocab_size=100)
