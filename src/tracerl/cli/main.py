@@ -186,6 +186,29 @@ def _cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
     return run_benchmark(args.name, args)
 
 
+def _run_command(
+    sub: Any,
+    name: str,
+    func: Callable[[argparse.Namespace, list[str]], int],
+    config: Any,
+    examples: str,
+    **text: str,
+) -> None:
+    """A command that runs in a run directory from a TOML config (`train`, `sft`)."""
+    parser = sub.add_parser(
+        name, epilog=_config_epilog(config), formatter_class=argparse.RawDescriptionHelpFormatter,
+        **text,
+    )  # fmt: skip
+    parser.add_argument("config", help=f"TOML config file (see {examples})")
+    parser.add_argument(
+        "--run-dir", help="run directory (default: runs/<config name>); must be new or --resume"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run directory's last checkpoint"
+    )
+    parser.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tracerl", description="Reinforcement learning for LLM agents from recorded traces."
@@ -240,41 +263,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=_cmd_serve)
 
-    train = sub.add_parser(
-        "train",
+    _run_command(
+        sub, "train", _cmd_train, TrainCommandConfig, "examples/",
         help="the RL loop: rollouts through the gateway, trainer, weight sync",
         description="Train a policy with RL: tasks from the dataset are played by the "
         "environment through the trace-recording gateway, rewarded, and trained on; new "
         "weights go to the engine after every step. Ctrl-C checkpoints and stops cleanly.",
-        epilog=_config_epilog(TrainCommandConfig),
-        formatter_class=fmt,
-    )
-    train.add_argument("config", help="TOML config file (see examples/)")
-    train.add_argument(
-        "--run-dir", help="run directory (default: runs/<config name>); must be new or --resume"
-    )
-    train.add_argument(
-        "--resume", action="store_true", help="continue the run directory's last checkpoint"
-    )
-    train.set_defaults(func=_cmd_train)
+    )  # fmt: skip
 
-    sft = sub.add_parser(
-        "sft",
+    _run_command(
+        sub, "sft", _cmd_sft, SftCommandConfig, "examples/sft/",
         help="supervised fine-tuning on conversations or on a run's recorded traces",
         description="Fine-tune the model on OpenAI-format conversations (loss on assistant "
         "tokens only) or on the recorded episodes of runs filtered by reward (rejection "
         "sampling), with the trainer's batching, checkpoints (--resume) and export.",
-        epilog=_config_epilog(SftCommandConfig),
-        formatter_class=fmt,
-    )
-    sft.add_argument("config", help="TOML config file (see examples/sft/)")
-    sft.add_argument(
-        "--run-dir", help="run directory (default: runs/<config name>); must be new or --resume"
-    )
-    sft.add_argument(
-        "--resume", action="store_true", help="continue the run directory's last checkpoint"
-    )
-    sft.set_defaults(func=_cmd_sft)
+    )  # fmt: skip
 
     plot = sub.add_parser("plot", help="PNG charts of a run (reward, losses, KL, throughput)")
     plot.add_argument("run_dir", help="a run directory with metrics.jsonl")

@@ -238,10 +238,7 @@ class Trainer:
         """Train on one batch of trajectories; return the step's metrics. Under a process
         group every rank is given the same whole batch and trains on its shard of it."""
         started = time.perf_counter()
-        if not samples:
-            raise SampleError("samples: a step needs at least one sample")
-        shard = Shard.split(samples, self.rank, self.world_size)
-        batch = PackedBatch.build([samples[i] for i in shard.owned], self.device)
+        shard, batch = self._batch(samples)
         metrics = Metrics()
         generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step_count)
         try:
@@ -266,14 +263,18 @@ class Trainer:
         metrics.mean("reward/mean", float(batch.rewards.sum()) / max(batch.size, 1), batch.size)
         return metrics.result()
 
+    def _batch(self, samples: Sequence[TrainSample]) -> tuple[Shard, PackedBatch]:
+        """This rank's share of a step's samples, packed on the device."""
+        if not samples:
+            raise SampleError("samples: a step needs at least one sample")
+        shard = Shard.split(samples, self.rank, self.world_size)
+        return shard, PackedBatch.build([samples[i] for i in shard.owned], self.device)
+
     def sft_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One supervised step on `samples`: the mean negative log-likelihood of their
         `loss_mask` tokens (rewards and log-probs unused), one optimizer update."""
         started = time.perf_counter()
-        if not samples:
-            raise SampleError("samples: a step needs at least one sample")
-        shard = Shard.split(samples, self.rank, self.world_size)
-        batch = PackedBatch.build([samples[i] for i in shard.owned], self.device)
+        shard, batch = self._batch(samples)
         metrics = Metrics()
         try:
             with self._phase(Phase.ACTOR, "actor", metrics):
