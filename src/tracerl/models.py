@@ -251,6 +251,29 @@ def load_tokenizer(path: Path, chat_template: str | None = None) -> Any:
     return tokenizer
 
 
+def eos_token_ids(generation_eos: Any, tokenizer: Any) -> set[int]:
+    """The tokens that end a generation: the generation config's `eos_token_id` (one or a
+    list) and the tokenizer's."""
+    ids: set[int] = set()
+    for source in (generation_eos, tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, list | tuple):
+            ids.update(int(i) for i in source)
+    return ids
+
+
+def model_eos_ids(path: Path, tokenizer: Any) -> set[int]:
+    """`eos_token_ids` of model directory `path` without loading its weights."""
+    from transformers import GenerationConfig
+
+    try:
+        generation = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:  # no generation_config.json: the tokenizer's alone
+        generation = None
+    return eos_token_ids(generation, tokenizer)
+
+
 def load_model_and_tokenizer(name: str, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
     """Load a causal LM (eval mode) and its tokenizer from a built-in name or directory."""
     import torch

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tracerl.cli.train import run_train
-from tracerl.config import TrainCommandConfig, load_config
+from tracerl.config import ConfigError, TrainCommandConfig, load_config
 from tracerl.train.checkpoint import MANIFEST, latest_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,3 +62,14 @@ def test_a_cold_start_records_demonstrations_trains_on_them_and_rl_starts_from_i
     assert len(lines(run / "cold_start" / "metrics.jsonl")) == 2  # not trained again
     rl = [r for r in lines(run / "metrics.jsonl") if "time/step" in r]
     assert [r["step"] for r in rl] == [1, 2]
+
+
+def test_an_environment_without_a_scripted_policy_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    config = load_config(
+        TrainCommandConfig, ROOT / "examples" / "tiny.toml", ["cold_start.demonstrations=4"]
+    )  # the `concise` task: no scripted policy
+    with pytest.raises(ConfigError, match="the concise environment has no scripted policy"):
+        run_train(config, tmp_path)
+    assert list(tmp_path.iterdir()) == []

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tracerl.envs import Session, make_environment, run_episode
-from tracerl.envs.calculator import tool_call
+from tracerl.envs.chat import tool_call
 from tracerl.trace.schema import SessionTrace
 
 

@@ -38,6 +38,7 @@ from tracerl.engine.types import (
     SamplingParams,
 )
 from tracerl.engine.weights import copy_weights, read_weights_dir
+from tracerl.models import eos_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -392,11 +393,5 @@ class LocalEngine:
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
     gen = getattr(model, "generation_config", None)
-    for source in (getattr(gen, "eos_token_id", None), tokenizer.eos_token_id):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, list | tuple):
-            ids.update(int(i) for i in source)
-    return ids
+    return eos_token_ids(getattr(gen, "eos_token_id", None), tokenizer)

@@ -85,6 +85,10 @@ class Environment(Protocol):
     call goes through an async client, with no retries of its own (the engine pool retries; an SDK
     retry would record a turn twice) and an explicit timeout. Cancelling `run` must stop all the
     episode's work, including any process it started.
+
+    An environment with a scripted policy (calculator, guess) also sets `demonstrable = True`
+    and, when `session.demonstration` is set, sends that policy's replies as demonstrations
+    (`tracerl.gateway.demonstrations`): what a cold start (`[cold_start]`) records.
     """
 
     @property

@@ -15,14 +15,13 @@ that a small model gets wrong without the tool.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from typing import Any
 
 from tracerl.config.envs import CalculatorEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task, TraceReward
-from tracerl.envs.chat import Script, call_arguments, play_with_tools
+from tracerl.envs.chat import Script, call_arguments, play_with_tools, tool_call
 from tracerl.envs.expression import calculate
 from tracerl.envs.rewards import exact_answer_reward, from_final_text
 
@@ -70,13 +69,6 @@ def run_tool(name: str, arguments: str) -> tuple[str, bool]:
     return result, result.startswith("error:")
 
 
-def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """An assistant message making one function call (what a scripted policy demonstrates)."""
-    function = {"name": name, "arguments": json.dumps(arguments)}
-    call = {"id": "call_0", "type": "function", "function": function}
-    return {"role": "assistant", "content": None, "tool_calls": [call]}
-
-
 def script(task: Task) -> Script:
     """The scripted policy: calculate the question's expression, then state the tool's value
     (a question it cannot read is answered from the task directly)."""
@@ -95,6 +87,7 @@ def script(task: Task) -> Script:
 
 class CalculatorEnvironment:
     name = "calculator"
+    demonstrable = True  # `script` plays it in demonstration sessions
     task_fields: tuple[str, ...] = ("prompt", "answer")
 
     def __init__(self, config: CalculatorEnvConfig) -> None:

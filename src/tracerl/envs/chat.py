@@ -63,6 +63,14 @@ class ToolPlay:
 Script = Callable[[list[Any]], dict[str, Any]]
 """A scripted policy: the messages so far -> the assistant message it demonstrates."""
 
+
+def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message making one function call (what a scripted policy demonstrates)."""
+    function = {"name": name, "arguments": json.dumps(arguments)}
+    call = {"id": "call_0", "type": "function", "function": function}
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
 ToolAnswer = Callable[[str | None, str], str | None]
 """A call's answer: (function name, None for a call of another type; its arguments) -> the tool
 message's content, or None to end the episode on this call."""

@@ -25,8 +25,7 @@ from typing import Any
 
 from tracerl.config.envs import GuessEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task
-from tracerl.envs.calculator import tool_call
-from tracerl.envs.chat import Script, call_arguments, play_with_tools
+from tracerl.envs.chat import Script, call_arguments, play_with_tools, tool_call
 from tracerl.envs.rewards import exact_answer_reward, final_text
 from tracerl.trace.schema import SessionTrace, Turn
 
@@ -98,6 +97,7 @@ def script(task: Task) -> Script:
 
 class GuessEnvironment:
     name = "guess"
+    demonstrable = True  # `script` plays it in demonstration sessions
     task_fields: tuple[str, ...] = ("prompt", "answer")
 
     def __init__(self, config: GuessEnvConfig) -> None:

@@ -152,6 +152,11 @@ CHAT_REQUEST = {
             ]
         },
         "tools": {"type": "array", "items": _FUNCTION_TOOL},
+        "demonstration": {
+            "type": "object",
+            "description": "tracerl: an assistant message recorded as this turn's reply instead "
+            "of a sampled one (scripted demonstrations; in a session, not streamed)",
+        },
         "tool_choice": {
             "oneOf": [
                 {"type": "string", "enum": ["auto", "none", "required"]},

@@ -14,32 +14,32 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from pathlib import Path
 
-from tracerl.config import LoggingConfig, TrainCommandConfig
+from tracerl.config import ConfigError, LoggingConfig, TrainCommandConfig
 from tracerl.config.sft import SftCommandConfig, SftConfig, SftDataConfig
 from tracerl.run.episode_log import EPISODES_FILE, EpisodeLog
 from tracerl.run.rollouts import DEMO
-
-log = logging.getLogger(__name__)
 
 DIRECTORY = "cold_start"
 CONCURRENT = 16
 """Demonstrations played at once (they wait on no engine: only on the environment's tools)."""
 
 
-def played(run_dir: Path) -> int:
-    """Demonstration episodes the run has recorded."""
+def played(run_dir: Path, min_reward: float | None = None) -> int:
+    """Demonstration episodes the run has recorded (scored at least `min_reward`, if given)."""
     path = run_dir / EPISODES_FILE
     if not path.exists():
         return 0
     count = 0
     for line in path.read_text().splitlines():
         try:
-            count += json.loads(line).get("kind") == DEMO
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue  # the line a killed run was writing
+        reward = row.get("reward")
+        good = min_reward is None or (reward is not None and reward >= min_reward)
+        count += row.get("kind") == DEMO and good
     return count
 
 
@@ -50,7 +50,7 @@ async def play_demonstrations(config: TrainCommandConfig, run_dir: Path, count: 
     from tracerl.gateway.demonstrations import NoEngine
     from tracerl.gateway.server import Gateway
     from tracerl.gateway.store import open_store
-    from tracerl.models import load_tokenizer, resolve_model
+    from tracerl.models import load_tokenizer, model_eos_ids, resolve_model
     from tracerl.run.rollouts import EpisodeRunner
 
     c = config
@@ -58,14 +58,15 @@ async def play_demonstrations(config: TrainCommandConfig, run_dir: Path, count: 
     dataset = load_dataset(c.dataset, env.task_fields)
     done = played(run_dir)
     dataset.seek(done)
-    tokenizer = load_tokenizer(resolve_model(c.trainer.model), c.trainer.chat_template)
+    path = resolve_model(c.trainer.model)
+    tokenizer = load_tokenizer(path, c.trainer.chat_template)
     store = await open_store(c.trace_store or str(run_dir / "traces.sqlite"))
     gateway = Gateway(
         NoEngine(),  # type: ignore[arg-type]  # demonstrated turns never reach it
         tokenizer,
         store,
         model_name=c.trainer.model,
-        eos_ids={tokenizer.eos_token_id},
+        eos_ids=model_eos_ids(path, tokenizer),
         system_prompt=c.system_prompt,
         history=c.history,
         chat_format=c.trainer.chat_format,
@@ -124,17 +125,28 @@ def sft_config(config: TrainCommandConfig, run_dir: Path) -> SftCommandConfig:
 def cold_start(config: TrainCommandConfig, run_dir: Path) -> TrainCommandConfig:
     """Run what is left of the cold start; the configuration RL then runs with."""
     from tracerl import eventloop
+    from tracerl.envs import make_environment
     from tracerl.sft.run import run_sft
 
     cs = config.cold_start
     if cs.demonstrations == 0:
         return config
+    if not getattr(make_environment(config.env), "demonstrable", False):
+        raise ConfigError(
+            f"cold_start.demonstrations: the {config.env.name} environment has no scripted "
+            "policy to demonstrate (calculator and guess have one)"
+        )
     directory = run_dir / DIRECTORY
     export = directory / "export"
     if not (export / "config.json").exists():
         missing = cs.demonstrations - played(run_dir)
         if missing > 0:
             eventloop.run(play_demonstrations(config, run_dir, missing))
+        if played(run_dir, cs.min_reward) == 0:
+            raise ConfigError(
+                f"cold_start.min_reward: none of the {cs.demonstrations} demonstrations scored "
+                f"{cs.min_reward} or more (their records: {run_dir / 'episodes.jsonl'}, kind demo)"
+            )
         directory.mkdir(exist_ok=True)
         resume = (directory / "checkpoints").exists()
         status = run_sft(sft_config(config, run_dir), directory, resume=resume)

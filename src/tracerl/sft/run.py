@@ -73,6 +73,7 @@ class SftPlan:
 def load_samples(config: SftCommandConfig, tokenizer: object) -> tuple[list[TrainSample], int]:
     """The configured data as samples, and how many were left out for `data.max_tokens`."""
     from tracerl.gateway.render import ChatRenderer
+    from tracerl.models import model_eos_ids, resolve_model
 
     data = config.data
     if data.source == "messages":
@@ -81,8 +82,9 @@ def load_samples(config: SftCommandConfig, tokenizer: object) -> tuple[list[Trai
             renderer = ChatRenderer(tokenizer, config.trainer.chat_format)
         except ValueError as e:
             raise SftDataError(f"trainer.chat_template: {e}") from None
-        eos = {int(getattr(tokenizer, "eos_token_id", 0) or 0)} | set(renderer.stop_ids())
-        samples = messages_samples(Path(data.path), renderer, renderer.turn_ends(eos))
+        eos = model_eos_ids(resolve_model(config.trainer.model), tokenizer)
+        ends = renderer.turn_ends(eos | set(renderer.stop_ids()))
+        samples = messages_samples(Path(data.path), renderer, ends)
     else:
         samples = traces_samples(data, len(tokenizer))  # type: ignore[arg-type]
     kept = [s for s in samples if data.max_tokens is None or len(s.token_ids) <= data.max_tokens]
