@@ -127,6 +127,7 @@ def cold_start(config: TrainCommandConfig, run_dir: Path) -> TrainCommandConfig:
     from tracerl import eventloop
     from tracerl.envs import make_environment
     from tracerl.sft.run import run_sft
+    from tracerl.train.checkpoint import latest_checkpoint
 
     cs = config.cold_start
     if cs.demonstrations == 0:
@@ -148,7 +149,7 @@ def cold_start(config: TrainCommandConfig, run_dir: Path) -> TrainCommandConfig:
                 f"{cs.min_reward} or more (their records: {run_dir / 'episodes.jsonl'}, kind demo)"
             )
         directory.mkdir(exist_ok=True)
-        resume = (directory / "checkpoints").exists()
+        resume = latest_checkpoint(directory / "checkpoints") is not None
         status = run_sft(sft_config(config, run_dir), directory, resume=resume)
         if status != 0:
             raise KeyboardInterrupt  # stopped mid-SFT: checkpointed, resumable

@@ -15,12 +15,11 @@ the same samples as an uninterrupted run. At the end the model is exported (RUN_
 from __future__ import annotations
 
 import json
-import logging
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,8 +31,6 @@ from tracerl.train.batch import TrainSample
 
 if TYPE_CHECKING:
     from tracerl.train.trainer import Trainer
-
-log = logging.getLogger(__name__)
 
 DATA_FILE = "sft_data.json"
 """What the run trained on: sample count and tokens, written when it starts (for a resume to
@@ -52,10 +49,13 @@ class SftPlan:
     def batch(self, step: int) -> list[TrainSample]:
         """The samples of step `step` (0-based)."""
         n = len(self.samples)
+        orders: dict[int, list[int]] = {}
         out = []
         for position in range(step * self.batch_size, (step + 1) * self.batch_size):
             epoch, at = divmod(position, n)
-            out.append(self.samples[self._order(epoch)[at]])
+            if epoch not in orders:
+                orders[epoch] = self._order(epoch)
+            out.append(self.samples[orders[epoch][at]])
         return out
 
     def _order(self, epoch: int) -> list[int]:
@@ -70,7 +70,7 @@ class SftPlan:
         }
 
 
-def load_samples(config: SftCommandConfig, tokenizer: object) -> tuple[list[TrainSample], int]:
+def load_samples(config: SftCommandConfig, tokenizer: Any) -> tuple[list[TrainSample], int]:
     """The configured data as samples, and how many were left out for `data.max_tokens`."""
     from tracerl.gateway.render import ChatRenderer
     from tracerl.models import model_eos_ids, resolve_model
@@ -86,7 +86,7 @@ def load_samples(config: SftCommandConfig, tokenizer: object) -> tuple[list[Trai
         ends = renderer.turn_ends(eos | set(renderer.stop_ids()))
         samples = messages_samples(Path(data.path), renderer, ends)
     else:
-        samples = traces_samples(data, len(tokenizer))  # type: ignore[arg-type]
+        samples = traces_samples(data, len(tokenizer))
     kept = [s for s in samples if data.max_tokens is None or len(s.token_ids) <= data.max_tokens]
     if not kept:
         raise SftDataError(f"data.max_tokens: every sample is longer than {data.max_tokens}")
@@ -120,7 +120,9 @@ def run_sft(config: SftCommandConfig, run_dir: Path, resume: bool = False) -> in
             trainer.load_checkpoint(run_dir / "checkpoints")
         except CheckpointError as e:
             raise ConfigError(f"--resume: {e}") from None
-        truncate_metrics(run_dir / "metrics.jsonl", trainer.step_count)
+    # steps after the checkpoint run again (a cold start restarted before its first checkpoint
+    # starts over): their earlier lines go
+    truncate_metrics(run_dir / "metrics.jsonl", trainer.step_count)
     metrics = MetricsLog(run_dir, config.logging, config.model_dump(mode="json"))
     print(
         f"tracerl sft: {len(samples)} samples ({dropped} longer than data.max_tokens left "
