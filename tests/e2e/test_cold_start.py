@@ -50,6 +50,7 @@ def test_a_cold_start_records_demonstrations_trains_on_them_and_rl_starts_from_i
     assert [r["step"] for r in sft] == [1, 2]
     assert all(r["perf/trained_tokens"] > 0 for r in sft)
     export = run / "cold_start" / "export"
+    assert not (run / "cold_start" / "checkpoints").exists()  # exported: no longer needed
     checkpoint = latest_checkpoint(run / "checkpoints")
     assert checkpoint is not None
     manifest = json.loads((checkpoint / MANIFEST).read_text())

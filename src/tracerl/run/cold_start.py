@@ -6,6 +6,7 @@
    A resumed run plays only the ones still missing.
 2. `tracerl sft` trains on the recorded trajectories of the successful ones (`min_reward`), in
    RUN_DIR/cold_start (its own checkpoints, metrics and `export`); a resumed run resumes it.
+   Once it has exported, its checkpoints are removed (only a resume of the SFT reads them).
 3. RL starts from RUN_DIR/cold_start/export: the configuration's `trainer.model` is replaced by
    it for the engine, the trainer and the reference model alike.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from pathlib import Path
 
 from tracerl.config import ConfigError, LoggingConfig, TrainCommandConfig
@@ -153,6 +155,9 @@ def cold_start(config: TrainCommandConfig, run_dir: Path) -> TrainCommandConfig:
         status = run_sft(sft_config(config, run_dir), directory, resume=resume)
         if status != 0:
             raise KeyboardInterrupt  # stopped mid-SFT: checkpointed, resumable
+        # only a resume of the SFT needs them (weights and optimizer state, ~12 bytes per
+        # parameter each); the export is what RL starts from
+        shutil.rmtree(directory / "checkpoints", ignore_errors=True)
     # validated again: the engine's model follows the trainer's (a copy would keep the old one)
     data = config.model_dump(mode="json", exclude_unset=True)
     data.setdefault("trainer", {})["model"] = str(export)
