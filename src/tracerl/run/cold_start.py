@@ -14,13 +14,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 from pathlib import Path
 
 from tracerl.config import ConfigError, LoggingConfig, TrainCommandConfig
 from tracerl.config.sft import SftCommandConfig, SftConfig, SftDataConfig
-from tracerl.run.episode_log import EPISODES_FILE, EpisodeLog
+from tracerl.run.episode_log import EpisodeLog, read_episodes
 from tracerl.run.rollouts import DEMO
 
 DIRECTORY = "cold_start"
@@ -30,19 +29,13 @@ CONCURRENT = 16
 
 def played(run_dir: Path, min_reward: float | None = None) -> int:
     """Demonstration episodes the run has recorded (scored at least `min_reward`, if given)."""
-    path = run_dir / EPISODES_FILE
-    if not path.exists():
-        return 0
-    count = 0
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # the line a killed run was writing
-        reward = row.get("reward")
-        good = min_reward is None or (reward is not None and reward >= min_reward)
-        count += row.get("kind") == DEMO and good
-    return count
+
+    def good(reward: float | None) -> bool:
+        return min_reward is None or (reward is not None and reward >= min_reward)
+
+    return sum(
+        row.get("kind") == DEMO and good(row.get("reward")) for row in read_episodes(run_dir)
+    )
 
 
 async def play_demonstrations(config: TrainCommandConfig, run_dir: Path, count: int) -> None:
@@ -57,6 +50,11 @@ async def play_demonstrations(config: TrainCommandConfig, run_dir: Path, count: 
 
     c = config
     env = make_environment(c.env)
+    if not getattr(env, "demonstrable", False):  # before anything is written
+        raise ConfigError(
+            f"cold_start.demonstrations: the {c.env.name} environment has no scripted "
+            "policy to demonstrate (calculator and guess have one)"
+        )
     dataset = load_dataset(c.dataset, env.task_fields)
     done = played(run_dir)
     dataset.seek(done)
@@ -127,18 +125,12 @@ def sft_config(config: TrainCommandConfig, run_dir: Path) -> SftCommandConfig:
 def cold_start(config: TrainCommandConfig, run_dir: Path) -> TrainCommandConfig:
     """Run what is left of the cold start; the configuration RL then runs with."""
     from tracerl import eventloop
-    from tracerl.envs import make_environment
     from tracerl.sft.run import run_sft
     from tracerl.train.checkpoint import latest_checkpoint
 
     cs = config.cold_start
     if cs.demonstrations == 0:
         return config
-    if not getattr(make_environment(config.env), "demonstrable", False):
-        raise ConfigError(
-            f"cold_start.demonstrations: the {config.env.name} environment has no scripted "
-            "policy to demonstrate (calculator and guess have one)"
-        )
     directory = run_dir / DIRECTORY
     export = directory / "export"
     if not (export / "config.json").exists():

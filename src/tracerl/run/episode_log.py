@@ -13,13 +13,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tracerl.run.rollouts import Rollout
 
 EPISODES_FILE = "episodes.jsonl"
 FAILED_FILE = "episodes_failed.jsonl"
+
+
+def read_episodes(run_dir: Path) -> list[dict[str, Any]]:
+    """Every complete line of RUN_DIR/episodes.jsonl (none when the file is missing); a line a
+    killed run was writing is skipped."""
+    path = run_dir / EPISODES_FILE
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # the line a killed run was writing
+    return rows
 
 
 class EpisodeLog:

@@ -28,7 +28,7 @@ from typing import Any
 from tracerl.config.sft import SftDataConfig
 from tracerl.gateway.messages import BadRequest, openai_messages, openai_tools
 from tracerl.gateway.render import ChatRenderer, ReplyNotRendered
-from tracerl.run.episode_log import EPISODES_FILE
+from tracerl.run.episode_log import EPISODES_FILE, read_episodes
 from tracerl.run.rollouts import trace_samples
 from tracerl.train.batch import TrainSample
 
@@ -159,18 +159,9 @@ def _wanted(config: SftDataConfig, row: dict[str, Any]) -> bool:
 
 
 def _episodes(run: Path, config: SftDataConfig) -> list[dict[str, Any]]:
-    path = run / EPISODES_FILE
-    if not path.is_file():
+    if not (run / EPISODES_FILE).is_file():
         raise SftDataError(f"data.runs: {run} has no {EPISODES_FILE} (not a tracerl run)")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # the line a killed run was writing
-        if _wanted(config, row):
-            rows.append(row)
-    return rows
+    return [row for row in read_episodes(run) if _wanted(config, row)]
 
 
 def _store_of(run: Path) -> str:
