@@ -24,6 +24,7 @@ async def demo_session(gw: Any) -> Session:
     [
         ("calculator", {"prompt": "What is 347 * 29 + 18?", "answer": 10081}, 2),
         ("guess", {"prompt": "Find it", "answer": 11, "high": 16}, 3),  # 8, 12, 10, 11
+        ("calculator-single", {"prompt": "What is (347 - 18) * 29?", "answer": 9541}, 3),
     ],
 )
 async def test_a_scripted_policy_is_recorded_as_one_trajectory_of_its_replies(
@@ -31,7 +32,9 @@ async def test_a_scripted_policy_is_recorded_as_one_trajectory_of_its_replies(
 ) -> None:
     fake, engine = fake_engine
     gw = await make_gateway(engine)
-    environment = make_environment({"name": env, "max_turns": 8})
+    single = env == "calculator-single"
+    config = {"name": "calculator", "single_operation": True} if single else {"name": env}
+    environment = make_environment({**config, "max_turns": 8})
     session = await demo_session(gw)
     result = await run_episode(environment, task, session, timeout_s=30)
     assert (result.reward, result.failed) == (1.0, False)
@@ -47,7 +50,13 @@ async def test_a_scripted_policy_is_recorded_as_one_trajectory_of_its_replies(
         if m
     ]
     text = "".join(sampled)
-    if env == "calculator":
+    if single:  # one operation per call, the second on the first's result
+        assert text == (
+            '<tool_call>\n{"name": "calculate", "arguments": {"expression": "347 - 18"}}'
+            '\n</tool_call><|im_end|><tool_call>\n{"name": "calculate", "arguments": '
+            '{"expression": "329 * 29"}}\n</tool_call><|im_end|>The answer is 9541.<|im_end|>'
+        )
+    elif env == "calculator":
         assert text == (
             '<tool_call>\n{"name": "calculate", "arguments": {"expression": "347 * 29 + 18"}}'
             "\n</tool_call><|im_end|>The answer is 10081.<|im_end|>"

@@ -134,6 +134,36 @@ async def test_calculator_credits_a_valid_tool_call_only_when_configured(
     assert rewards == [0.2, 0.0, 0.0]
 
 
+async def test_single_operation_calculator_takes_one_operation_per_call(
+    fake_engine, make_gateway
+) -> None:
+    fake, engine = fake_engine
+    gw = await make_gateway(engine)
+    env = make_environment({"name": "calculator", "max_turns": 4, "single_operation": True})
+    task = {"prompt": "What is 347 * 29 + 18?", "answer": 10081}
+    fake.say(
+        TOOL_CALL.format("347 * 29 + 18"),  # two operations in one call: refused
+        TOOL_CALL.format("347 * 29"),
+        TOOL_CALL.format("10063 + 18"),
+        "The answer is 10081.",
+    )
+    session = await open_session(gw)
+    result = await run_episode(env, task, session, timeout_s=30)
+    assert (result.reward, result.failed) == (1.0, False)
+    assert result.metrics == {
+        "turns": 4.0,
+        "tool_calls": 3.0,
+        "tool_errors": 1.0,
+        "turn_limit": 0.0,
+    }
+    trace = await gw.trace(session.session_id)
+    (traj,) = trace["trajectories"]
+    assert traj["turn_indices"] == [0, 1, 2, 3]  # one trajectory over the four turns
+    last = fake.tokenizer.decode(trace["turns"][3]["prompt_ids"])
+    assert "one operation per call" in last and "10063" in last and "10081" in last
+    assert "one operation on two numbers" in last  # the single-operation tool was offered
+
+
 async def test_an_unreachable_gateway_is_a_failed_episode() -> None:
     env = make_environment({"name": "arithmetic", "request_timeout_s": 5})
     session = Session("s", "k", "http://127.0.0.1:9/s/s/v1", "http://127.0.0.1:9/s/s")

@@ -53,6 +53,11 @@ class CalculatorEnvConfig(ChatEnvConfig):
     """Reward of a wrong final answer after at least one valid tool call (0: exact answer
     only). A small model that never gets the answer gives GRPO only uniform groups; a little
     credit for using the tool gives it a signal to start from."""
+    single_operation: bool = False
+    """The tool takes one operation on two numbers per call (`347 * 29`) and answers anything
+    longer with an error: a question of two operations takes two calls, the second on the
+    first's result, and a final answer (three model turns). The harder, truly multi-turn form
+    of the task; the default tool evaluates any expression in one call."""
 
 
 class GuessEnvConfig(ChatEnvConfig):

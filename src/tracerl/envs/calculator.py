@@ -9,8 +9,11 @@ until `max_turns` model turns, which scores 0. The assistant messages are
 sent back exactly as the SDK returned them, so the gateway sees each request extend the last one
 and records the whole episode as one trajectory.
 
-Task fields: `prompt` and `answer`. `generate_tasks` makes questions with three-digit products
-that a small model gets wrong without the tool.
+Task fields: `prompt` and `answer`. `generate_tasks` makes questions of two operations with
+three-digit products that a small model gets wrong without the tool. With `single_operation`
+the tool computes one operation per call, so a question takes two calls, the second on the
+first's result: credit spread over three model turns (`envs.expression.next_operation` is how
+the scripted policy works it out).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 from tracerl.config.envs import CalculatorEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task, TraceReward
 from tracerl.envs.chat import Script, call_arguments, play_with_tools, tool_call
-from tracerl.envs.expression import calculate
+from tracerl.envs.expression import calculate, next_operation, operations
 from tracerl.envs.rewards import exact_answer_reward, from_final_text
 
 # Typed Any: the SDK's name for this TypedDict differs across the openai versions we accept.
@@ -43,7 +46,24 @@ CALCULATE_TOOL: Any = {
         },
     },
 }
+# `single_operation`: the same tool, one operation per call.
+SINGLE_OPERATION_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "calculate",
+        "description": (
+            "Compute one operation on two numbers: + - * / // % or **; returns its value. "
+            "Work out a longer expression one operation at a time."
+        ),
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "for example 347 * 29"}},
+            "required": ["expression"],
+        },
+    },
+}
 INSTRUCTION = "Use the calculate tool for arithmetic, then state the final answer as a number."
+ONE_OPERATION_ERROR = "error: one operation per call, for example 347 * 29"
 
 
 def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
@@ -58,29 +78,41 @@ def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
     return tasks
 
 
-def run_tool(name: str, arguments: str) -> tuple[str, bool]:
+def run_tool(name: str, arguments: str, single_operation: bool = False) -> tuple[str, bool]:
     """The tool message's content for one call, and whether it was an error."""
     args = call_arguments("calculate", name, arguments)
     if isinstance(args, str):
         return args, True
-    if not isinstance(args.get("expression"), str):
+    expression = args.get("expression")
+    if not isinstance(expression, str):
         return 'error: expected arguments {"expression": "<arithmetic>"}', True
-    result = calculate(args["expression"])
+    if single_operation and operations(expression) > 1:
+        return ONE_OPERATION_ERROR, True
+    result = calculate(expression)
     return result, result.startswith("error:")
 
 
-def script(task: Task) -> Script:
-    """The scripted policy: calculate the question's expression, then state the tool's value
-    (a question it cannot read is answered from the task directly)."""
+def script(task: Task, single_operation: bool = False) -> Script:
+    """The scripted policy: calculate the question's expression (one operation per call with
+    `single_operation`, left to right in the order of evaluation, each on the results so far),
+    then state the value. A question it cannot read is answered from the task directly."""
     found = re.search(r"What is (.+?)\?", str(task["prompt"]))
+    steps: list[str] = []
+    if found is not None:
+        if single_operation:
+            expression = found.group(1)
+            while (step := next_operation(expression)) is not None:
+                steps.append(step[0])
+                expression = step[1]
+        else:
+            steps.append(found.group(1))
 
     def reply(messages: list[Any]) -> dict[str, Any]:
         results = [m["content"] for m in messages if m["role"] == "tool"]
-        if results:
-            return {"role": "assistant", "content": f"The answer is {results[-1]}."}
-        if found is None:
-            return {"role": "assistant", "content": f"The answer is {task['answer']}."}
-        return tool_call("calculate", {"expression": found.group(1)})
+        if len(results) < len(steps):
+            return tool_call("calculate", {"expression": steps[len(results)]})
+        answer = results[-1] if results else task["answer"]
+        return {"role": "assistant", "content": f"The answer is {answer}."}
 
     return reply
 
@@ -101,15 +133,16 @@ class CalculatorEnvironment:
             if name is None:
                 content, error = "error: only function tools are supported", True
             else:
-                content, error = run_tool(name, arguments)
+                content, error = run_tool(name, arguments, self.config.single_operation)
             counts["calls"] += 1
             counts["errors"] += error
             return content
 
         prompt = f"{task['prompt']}\n{INSTRUCTION}"
         c = self.config
+        tool = SINGLE_OPERATION_TOOL if c.single_operation else CALCULATE_TOOL
         play = await play_with_tools(
-            session, c, prompt, [CALCULATE_TOOL], c.max_turns, answer, script(task)
+            session, c, prompt, [tool], c.max_turns, answer, script(task, c.single_operation)
         )
         calls, errors = counts["calls"], counts["errors"]
         metrics = _metrics(play.turns, calls, errors, play.turn_limit)

@@ -62,6 +62,64 @@ def evaluate(expression: str) -> Number:
         raise ExpressionError(OUT_OF_RANGE) from e
 
 
+def operations(expression: str) -> int:
+    """How many binary operations `expression` has (unary signs not counted); an expression the
+    evaluator would refuse counts as 0, so its error comes from `calculate`."""
+    text = expression.replace("^", "**").replace("×", "*").replace("÷", "/").strip()
+    if len(text) > MAX_EXPRESSION_CHARS:
+        return 0
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return 0
+    return sum(isinstance(node, ast.BinOp) for node in ast.walk(tree))
+
+
+def next_operation(expression: str) -> tuple[str, str] | None:
+    """One step of working `expression` out by hand: the first operation (left to right) whose
+    operands are both numbers, as text (`"347 * 29"`), and the expression with that operation
+    replaced by its value; None when the expression is a number already. Used by the scripted
+    policy of the one-operation calculator."""
+    tree = ast.parse(expression.strip(), mode="eval")
+
+    def first(node: ast.expr) -> ast.BinOp | None:
+        if isinstance(node, ast.BinOp):
+            for child in (node.left, node.right):
+                found = first(child)
+                if found is not None:
+                    return found
+            if _is_number(node.left) and _is_number(node.right):
+                return node
+        if isinstance(node, ast.UnaryOp):
+            return first(node.operand)
+        return None
+
+    step = first(tree.body)
+    if step is None:
+        return None
+    operation = ast.unparse(step)
+    value = evaluate(operation)
+    replacement = ast.parse(format_number(value), mode="eval").body
+    rest = _replace(tree.body, step, replacement)
+    return operation, ast.unparse(rest)
+
+
+def _is_number(node: ast.expr) -> bool:
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, int | float)
+
+
+def _replace(node: ast.expr, old: ast.expr, new: ast.expr) -> ast.expr:
+    if node is old:
+        return new
+    if isinstance(node, ast.BinOp):
+        return ast.BinOp(_replace(node.left, old, new), node.op, _replace(node.right, old, new))
+    if isinstance(node, ast.UnaryOp):
+        return ast.UnaryOp(node.op, _replace(node.operand, old, new))
+    return node
+
+
 def format_number(value: Number) -> str:
     """An integer without a decimal point, anything else to DISPLAY_DIGITS significant digits."""
     if isinstance(value, Fraction) and value.denominator == 1:

@@ -8,7 +8,13 @@ from fractions import Fraction
 
 import pytest
 
-from tracerl.envs.expression import ExpressionError, calculate, evaluate
+from tracerl.envs.expression import (
+    ExpressionError,
+    calculate,
+    evaluate,
+    next_operation,
+    operations,
+)
 
 
 @pytest.mark.parametrize(
@@ -86,3 +92,27 @@ def test_boundaries() -> None:
     assert calculate("(-8) ** 0.5").startswith("error: a negative number")
     assert calculate("1" * 301).startswith("error: expression longer than")
     assert calculate("(" * 150 + "1" + ")" * 150).startswith("error: ")
+
+
+@pytest.mark.parametrize(
+    ("expression", "count"),
+    [("347 * 29", 1), ("-5", 0), ("(347 - 18) * 29", 2), ("2 ** -1", 1), ("x(", 0), ("7", 0)],
+)
+def test_operations_counts_binary_operations_only(expression: str, count: int) -> None:
+    assert operations(expression) == count
+
+
+def test_next_operation_works_an_expression_out_one_operation_at_a_time() -> None:
+    steps = []
+    expression = "(347 - 18) * 29 + 4 * 5"
+    while (step := next_operation(expression)) is not None:
+        steps.append(step)
+        expression = step[1]
+    assert steps == [
+        ("347 - 18", "329 * 29 + 4 * 5"),
+        ("329 * 29", "9541 + 4 * 5"),
+        ("4 * 5", "9541 + 20"),
+        ("9541 + 20", "9561"),
+    ]
+    assert evaluate("(347 - 18) * 29 + 4 * 5") == 9561
+    assert next_operation("-3 * 4") == ("-3 * 4", "-12")
