@@ -139,6 +139,28 @@ async def test_eval_runs_on_held_out_tasks(tmp_path: Path) -> None:
         assert 0 <= record["eval/accuracy"] <= 1 and record["time/elapsed_s"] > 0
 
 
+async def test_zero_steps_evaluates_the_starting_weights_and_trains_nothing(
+    tmp_path: Path,
+) -> None:
+    config = tiny_config(
+        "loop.steps=0",
+        "eval.every=1",
+        "eval_dataset.generate=concise",
+        "eval_dataset.num_tasks=4",
+        "eval_dataset.seed=9",
+    )
+    assert await RLLoop(config, tmp_path).run() == 0
+    records = metrics(tmp_path)
+    (evaluation,) = [r for r in records if "eval/reward_mean" in r]
+    assert evaluation["step"] == 0 and evaluation["eval/episodes"] == 4
+    assert not [r for r in records if "rollout/reward_mean" in r]  # no step
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / "episodes.jsonl").open()]
+    assert kinds == ["eval"] * 4  # no training episode was played
+    assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
+    with pytest.raises(ValueError, match="loop.steps is 0"):
+        tiny_config("loop.steps=0")
+
+
 def eval_turns(run_dir: Path, step: int) -> list[dict[str, Any]]:
     """The recorded turns of the eval episodes at `step` (tagged in the session's metadata)."""
     out = []

@@ -21,8 +21,10 @@ from tracerl.config.train import TrainerConfig
 
 
 class LoopConfig(Config):
-    steps: int = Field(default=20, ge=1)
-    """Training steps to run (a resumed run continues up to this many in total)."""
+    steps: int = Field(default=20, ge=0)
+    """Training steps to run (a resumed run continues up to this many in total). 0 trains
+    nothing: the run evaluates its starting weights on `eval_dataset` once and ends (the held-out
+    score of a model or an export: `--trainer.model=DIR --loop.steps=0`)."""
     max_off_policy_steps: int = Field(default=1, ge=0)
     """How many weight versions a trajectory may lag the step that trains on it; older ones are
     dropped and counted. 0 is synchronous: rollouts for step n+1 start after step n's weights
@@ -153,7 +155,8 @@ class TrainCommandConfig(Config):
         if "total_steps" not in trainer:
             loop = data.get("loop")
             steps = loop.steps if isinstance(loop, LoopConfig) else (loop or {}).get("steps")
-            trainer["total_steps"] = steps if steps is not None else LoopConfig().steps
+            steps = steps if steps is not None else LoopConfig().steps
+            trainer["total_steps"] = max(1, steps)  # an eval-only run has no schedule
             data = {**data, "trainer": trainer}
         return data
 
@@ -187,6 +190,11 @@ class TrainCommandConfig(Config):
             )
         if self.eval.every and self.eval_dataset is None:
             raise ValueError("eval.every is set but eval_dataset is not")
+        if self.loop.steps == 0 and not self.eval.every:
+            raise ValueError(
+                "loop.steps is 0, which only evaluates the starting weights, but eval.every is 0 "
+                "(never): set eval.every (and eval_dataset)"
+            )
         if self.trainer.algorithm != "ppo" and self.orchestrator.group_size < 2:
             raise ValueError(
                 f"orchestrator.group_size is {self.orchestrator.group_size} but "

@@ -505,7 +505,10 @@ class RLLoop:
             loop.add_signal_handler(sig, self._stop.set)
         try:
             await self._start()
-            feeder = asyncio.create_task(self._feed())
+            # an eval-only run (loop.steps = 0) plays no training episode
+            feeder = asyncio.create_task(
+                self._feed() if self.config.loop.steps else asyncio.sleep(0)
+            )
             evals: list[asyncio.Task[None]] = []
             last_saved = self.step
             started, last_tokens, last_at = time.monotonic(), self._tokens, time.monotonic()
