@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tracerl.bench import learn_agents
 from tracerl.bench.learn_tasks import DEFAULT_HELDOUT, DEFAULT_MAX_NEW_TOKENS, split_tasks
 from tracerl.envs.dataset import read_jsonl
 from tracerl.run.metrics import read_metrics
@@ -267,7 +268,13 @@ def main(args: argparse.Namespace) -> int:
 
     tasks = [t for t in args.tasks.split(",") if t]
     systems = [s for s in args.systems.split(",") if s]
-    for name, allowed, given in (("--tasks", TASKS, tasks), ("--systems", SYSTEMS, systems)):
+    agent_tasks = [t for t in tasks if t in learn_agents.AGENT_TASKS]
+    tasks = [t for t in tasks if t not in agent_tasks]
+    all_tasks = (*TASKS, *learn_agents.AGENT_TASKS)
+    for name, allowed, given in (
+        ("--tasks", all_tasks, tasks + agent_tasks),
+        ("--systems", SYSTEMS, systems),
+    ):
         unknown = sorted(set(given) - set(allowed))
         if unknown or not given:
             raise SystemExit(f"bench learn: {name} takes some of {', '.join(allowed)}")
@@ -277,10 +284,12 @@ def main(args: argparse.Namespace) -> int:
         except ImportError:
             raise SystemExit("bench learn: TRL is missing: pip install -e '.[bench]'") from None
     # read before hours of training: a bad path, or a run this one repeats, fails now
-    included = [run for path in args.include for run in read_included(Path(path), tasks)]
+    included = [
+        run for path in args.include for run in read_included(Path(path), tasks + agent_tasks)
+    ]
     planned = {
         (task, system, seed)
-        for task in tasks
+        for task in tasks + agent_tasks
         for system in systems
         for seed in range(args.first_seed, args.first_seed + args.seeds)
     }
@@ -291,6 +300,8 @@ def main(args: argparse.Namespace) -> int:
             "bench learn: --include holds runs this summary would count twice: "
             + ", ".join(f"{task}/{system}/seed{seed}" for task, system, seed in repeated)
         )
+    if agent_tasks and args.backend != "local":
+        raise SystemExit("bench learn: the agentic tasks (calculator, guess) run --backend local")
     vllm_python = None
     if args.backend == "vllm":
         from tracerl.bench.engine_vllm import _vllm_python
@@ -321,8 +332,24 @@ def main(args: argparse.Namespace) -> int:
                 runs.append(result)
                 print(json.dumps(result), flush=True)
                 write_jsonl(work / "runs.jsonl", runs)
+    seeds_run = range(args.first_seed, args.first_seed + args.seeds)
+    agent_runs = [
+        run
+        for task in agent_tasks
+        for run in learn_agents.run_task(
+            task, work, systems, seeds_run, args.minutes, args.agent_eval_every
+        )
+    ]
+    runs += agent_runs
+    write_jsonl(work / "runs.jsonl", runs)
     plot_learn(work)
-    summary = summarise(included + runs, tasks)
+    summary: dict[str, Any] = {"tasks": {}, "target_met": True}
+    if tasks:
+        summary = summarise(included + runs, tasks)
+    if agent_tasks:
+        agents = learn_agents.summarise(included + agent_runs, agent_tasks, args.minutes)
+        summary["tasks"].update(agents["tasks"])
+        summary["target_met"] = summary["target_met"] and agents["target_met"]
     seeds = sorted({(r["task"], r["system"], r["seed"]) for r in included + runs})
     summary.update(
         minutes=args.minutes, seeds=args.seeds, work_dir=str(work), included=args.include,

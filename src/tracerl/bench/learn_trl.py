@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,12 +41,11 @@ from tracerl.bench.learn_tasks import (  # noqa: E402
     greedy_accuracy,
     load_policy,
 )
-from tracerl.envs.base import Task  # noqa: E402
 from tracerl.envs.dataset import read_jsonl  # noqa: E402
 from tracerl.envs.rewards import exact_answer_reward  # noqa: E402
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel
     from trl import GRPOConfig
 
 # A step never ends on its own once training runs: the deadline callback stops it.
@@ -109,20 +109,18 @@ class BudgetCallback(TrainerCallback):
         self,
         minutes: float,
         eval_every_min: float,
-        tokenizer: PreTrainedTokenizerBase,
-        heldout: list[Task],
-        max_new_tokens: int,
+        measure: Callable[[PreTrainedModel, float], Any],
     ) -> None:
+        """`measure(model, minutes)`: what a periodic eval records at that budget time (an
+        accuracy, or where a snapshot of the weights went, for the judge to score later)."""
         self.budget_s = minutes * 60
         self.eval_every_s = eval_every_min * 60
         self.next_eval_s = self.eval_every_s
-        self.tokenizer = tokenizer
-        self.heldout = heldout
-        self.max_new_tokens = max_new_tokens
+        self.measure = measure
         self.eval_s = 0.0
         self.load_s = 0.0
         self.step_started = 0.0
-        self.curve: list[list[float]] = []
+        self.curve: list[list[Any]] = []
         self.train_reward: list[float] = []
         self.step_times_s: list[float] = []
 
@@ -131,13 +129,13 @@ class BudgetCallback(TrainerCallback):
         return time.monotonic() - STARTED_AT - self.eval_s
 
     def evaluate(self, model: PreTrainedModel) -> None:
-        """Append the held-out greedy accuracy at the current budget time, not charging its time."""
+        """Append `measure`'s value at the current budget time, not charging its time."""
         minutes = self.budget_used_s() / 60
         began = time.monotonic()
-        accuracy = greedy_accuracy(model, self.tokenizer, self.heldout, self.max_new_tokens)
+        value = self.measure(model, minutes)
         self.eval_s += time.monotonic() - began
-        self.curve.append([round(minutes, 3), accuracy])
-        log(f"eval at {minutes:.2f} min: held-out greedy accuracy {accuracy:.3f}")
+        self.curve.append([round(minutes, 3), value])
+        log(f"eval at {minutes:.2f} min: {value}")
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -197,7 +195,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     ]
     model, tokenizer = load_policy(args.model)
     budget = BudgetCallback(
-        args.minutes, args.eval_every_min, tokenizer, heldout, args.max_new_tokens
+        args.minutes,
+        args.eval_every_min,
+        lambda m, _: greedy_accuracy(m, tokenizer, heldout, args.max_new_tokens),
     )
     trainer = GRPOTrainer(
         model=model,

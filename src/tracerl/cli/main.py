@@ -386,6 +386,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--systems", default="tracerl-grpo,tracerl-ppo,trl", help="learn: systems to run"
     )
     bench.add_argument("--eval-every", type=int, default=20, help="learn: tracerl eval interval")
+    bench.add_argument(
+        "--agent-eval-every", type=int, default=5,
+        help="learn: tracerl eval interval (steps) on calculator and guess",
+    )  # fmt: skip
     bench.add_argument("--work-dir", help="learn: where runs go (default runs/bench-learn-TIME)")
     bench.set_defaults(func=_cmd_bench)
     return parser

@@ -1,0 +1,330 @@
+"""The agentic tasks of `tracerl bench learn` (`--tasks calculator,guess`): multi-turn tool use,
+each system starting from the same cold-start checkpoint, judged by one shared judge.
+
+Per task, once: train and held-out task files (held-out prompts never in train), and the start
+checkpoint: `tracerl train` with the task's `[cold_start]` (scripted demonstrations played through
+the gateway, a short SFT) and `loop.steps = 0`, so it trains no RL step and evaluates the export,
+which gives the held-out success before. The cold start is not charged to any system's budget.
+
+Per seed and system, from that checkpoint, with the same prompts, reward, batch (4 prompts x 4
+samples), learning rate (constant), sampling (temperature 1) and budget from process start:
+- `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config (`trainer.chat_template =
+  "chatml"`, tools in the template's system turn, Hermes calls), its periodic evals charged;
+- `trl`: TRL's `GRPOTrainer` (`learn_trl_agents`) with `tools=` for `calculator` and
+  `environment_factory` for `guess`, the same chat template, its evals (saved snapshots) not
+  charged.
+
+The judge is `tracerl train JUDGE.toml --trainer.model=DIR --loop.steps=0`: the task's
+environment played greedily through a gateway and the embedded engine on every held-out task,
+success when the episode's reward reaches `eval.success_reward` (1.0). It runs in its own
+process on the start checkpoint, on each tracerl run's exported final weights and on each TRL
+snapshot, so every number comes from the same code on the same tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tracerl.envs.registry import generate_tasks
+from tracerl.run.metrics import read_metrics
+
+AGENT_TASKS = ("calculator", "guess")
+PROMPTS_PER_STEP, GROUP_SIZE = 4, 4
+LR = 5e-6
+TRAIN_TASKS = 4000
+HELDOUT_TASKS = 50
+MAX_TOKENS = 64
+"""New tokens per model turn (a call, or a final answer)."""
+OVERRUN_S = 900.0
+"""What a run may take beyond its budget (its final eval, a slow exit) before it is given up."""
+
+ENVIRONMENTS: dict[str, str] = {
+    # One operation per tool call: a question takes two dependent calls and an answer, exactly
+    # three turns. The cold-started model calls the tool but does not stop (it repeats the last
+    # operation), so success depends on learning when to answer.
+    "calculator": 'name = "calculator"\nsingle_operation = true\nmax_turns = 3',
+    # Find a number from 1 to 8, 16 or 32; a binary search needs at most 6 guesses.
+    "guess": 'name = "guess"\nmax_turns = 6',
+}
+COLD_START: dict[str, str] = {
+    "calculator": "demonstrations = 8\nsteps = 2\nbatch_size = 8\nlr = 5e-5",
+    "guess": "demonstrations = 16\nsteps = 4\nbatch_size = 8\nlr = 5e-5",
+}
+
+
+def write_task_files(task_dir: Path, task: str) -> None:
+    """`train.jsonl` (seed 0) and `heldout.jsonl` (seed 1, minus any prompt train has; `guess`
+    prompts differ only in their range, so its held-out set is held-out hidden numbers)."""
+    train = generate_tasks(task, TRAIN_TASKS, 0)
+    heldout = generate_tasks(task, HELDOUT_TASKS * 2, 1)
+    if task == "calculator":
+        seen = {t["prompt"] for t in train}
+        heldout = [t for t in heldout if t["prompt"] not in seen]
+    for name, rows in (("train", train), ("heldout", heldout[:HELDOUT_TASKS])):
+        (task_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def config(
+    task: str,
+    task_dir: Path,
+    *,
+    model: str,
+    algorithm: str = "grpo",
+    seed: int = 0,
+    minutes: float | None = None,
+    eval_every: int = 1,
+    steps: int = 100_000,
+    cold_start: bool = False,
+) -> str:
+    """A `tracerl train` config for `task` (a run, the start checkpoint's, or the judge's)."""
+    budget = f"max_minutes = {minutes}" if minutes is not None else ""
+    return f"""
+[trainer]
+model = "{model}"
+chat_template = "chatml"
+algorithm = "{algorithm}"
+temperature = 1.0
+seed = {seed}
+token_budget = 8192
+
+[trainer.actor]
+lr = {LR}
+schedule = "constant"
+
+[env]
+{ENVIRONMENTS[task]}
+
+[env.sampling]
+temperature = 1.0
+max_tokens = {MAX_TOKENS}
+
+[dataset]
+path = "{(task_dir / "train.jsonl").resolve()}"
+seed = {seed}
+
+[eval_dataset]
+path = "{(task_dir / "heldout.jsonl").resolve()}"
+shuffle = false
+
+[orchestrator]
+batch_size = {PROMPTS_PER_STEP * GROUP_SIZE}
+group_size = {GROUP_SIZE}
+
+[loop]
+steps = {steps}
+seed = {seed}
+{budget}
+episode_timeout_s = 300
+# one checkpoint at the end (the judge reads its export)
+checkpoint_every = 100000
+
+[eval]
+every = {eval_every}
+
+[engine]
+kv_cache_tokens = 32768
+max_running_requests = 64
+max_model_len = 2048
+
+[logging]
+progress = false
+{"[cold_start]" if cold_start else ""}
+{COLD_START[task] if cold_start else ""}
+"""
+
+
+def train(config_path: Path, run_dir: Path, timeout_s: float, *extra: str) -> float:
+    """`tracerl train CONFIG` in its own process; its wall time. Output in RUN_DIR.log."""
+    started = time.monotonic()
+    command = [sys.executable, "-m", "tracerl.cli.main", "train", str(config_path)]
+    with run_dir.with_suffix(".log").open("w") as log:
+        subprocess.run(
+            [*command, "--run-dir", str(run_dir), *extra],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+            check=True,
+        )
+    return time.monotonic() - started
+
+
+def last_eval(run_dir: Path) -> float:
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
+    if not evals:
+        raise RuntimeError(f"{run_dir}: no eval was recorded")
+    return float(evals[-1]["eval/accuracy"])
+
+
+def judge(task: str, task_dir: Path, model: Path, name: str) -> float:
+    """Held-out greedy success of the model directory `model` (see the module's doc)."""
+    path = task_dir / "judge.toml"
+    if not path.exists():
+        path.write_text(config(task, task_dir, model=str(model), steps=0))
+    run_dir = task_dir / "judged" / name
+    run_dir.parent.mkdir(exist_ok=True)
+    train(path, run_dir, OVERRUN_S, f"--trainer.model={model.resolve()}")
+    return last_eval(run_dir)
+
+
+def prepare(task: str, task_dir: Path) -> tuple[Path, float]:
+    """The task's files and start checkpoint; its export and held-out success."""
+    write_task_files(task_dir, task)
+    path = task_dir / "start.toml"
+    path.write_text(config(task, task_dir, model="smollm2-135m", steps=0, cold_start=True))
+    start = task_dir / "start"
+    train(path, start, 2 * OVERRUN_S)
+    return start / "cold_start" / "export", last_eval(start)
+
+
+def run_tracerl(
+    task: str, task_dir: Path, start: Path, algorithm: str, seed: int, minutes: float, every: int
+) -> dict[str, Any]:
+    """One `tracerl train` run from `start`; its steps, curve, and the judge on its final
+    weights (exported from its last checkpoint)."""
+    system = f"tracerl-{algorithm}"
+    run_dir = task_dir / f"{system}-seed{seed}"
+    path = task_dir / f"{run_dir.name}.toml"
+    path.write_text(
+        config(task, task_dir, model=str(start.resolve()), algorithm=algorithm, seed=seed,
+               minutes=minutes, eval_every=every)
+    )  # fmt: skip
+    wall = train(path, run_dir, minutes * 60 + OVERRUN_S)
+    export = run_dir / "export"
+    subprocess.run(
+        [sys.executable, "-m", "tracerl.cli.main", "export", str(run_dir), str(export)],
+        check=True,
+        capture_output=True,
+    )
+    records = read_metrics(run_dir / "metrics.jsonl")
+    steps = [r for r in records if "rollout/reward_mean" in r]
+    evals = [r for r in records if "eval/accuracy" in r]
+    return {
+        "system": system,
+        "seed": seed,
+        "steps": len(steps),
+        "accuracy_after": judge(task, task_dir, export, run_dir.name),
+        "own_eval_after": evals[-1]["eval/accuracy"] if evals else None,
+        "curve": [[r["time/elapsed_s"] / 60, r["eval/accuracy"]] for r in evals],
+        "train_reward": [r["rollout/reward_mean"] for r in steps],
+        "wall_s": wall,
+    }
+
+
+def run_trl(task: str, task_dir: Path, start: Path, seed: int, minutes: float) -> dict[str, Any]:
+    """One TRL run from `start` (`learn_trl_agents`), then the judge on each of its snapshots
+    (every `minutes / 3` of its budget, and its final weights)."""
+    out = task_dir / f"trl-seed{seed}"
+    turns = int(ENVIRONMENTS[task].rsplit("max_turns = ", 1)[1])
+    command = [
+        sys.executable, "-m", "tracerl.bench.learn_trl_agents", "--task", task,
+        "--train", str(task_dir / "train.jsonl"), "--model", str(start), "--seed", str(seed),
+        "--minutes", str(minutes), "--out", str(out), "--lr", str(LR),
+        "--prompts-per-step", str(PROMPTS_PER_STEP), "--group-size", str(GROUP_SIZE),
+        "--max-turns", str(turns), "--max-tokens-per-turn", str(MAX_TOKENS),
+        "--eval-every-min", str(minutes / 3),
+    ]  # fmt: skip
+    started = time.monotonic()
+    with (task_dir / f"{out.name}.log").open("w") as log:
+        subprocess.run(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=minutes * 60 + OVERRUN_S,
+            check=True,
+            env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"},
+        )
+    wall = time.monotonic() - started
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    curve = [
+        [at, judge(task, task_dir, Path(path), f"{out.name}-{Path(path).name}")]
+        for at, path in result.pop("snapshots")
+    ]
+    result.update(curve=curve, accuracy_after=curve[-1][1], wall_s=wall)
+    return result
+
+
+def minutes_to_reach(curve: list[list[float]], accuracy: float) -> float | None:
+    """The first curve point's minutes at which `accuracy` was reached (None: never)."""
+    return next((at for at, value in curve if value >= accuracy), None)
+
+
+def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> dict[str, Any]:
+    """Per task and system: success mean / worst / best and steps; against TRL, for each
+    tracerl algorithm: the mean ratio, worst seeds, and on each seed the minutes it took to reach
+    TRL's final success on that seed (the issue's targets: >= 1.3x, >= TRL's worst, <= half
+    the budget)."""
+    summary: dict[str, Any] = {"tasks": {}}
+    met = True
+    for task in tasks:
+        mine = [r for r in runs if r["task"] == task]
+        per: dict[str, dict[str, float]] = {}
+        for system in sorted({r["system"] for r in mine}):
+            done = [r for r in mine if r["system"] == system]
+            success = [r["accuracy_after"] for r in done]
+            per[system] = {
+                "seeds": len(done),
+                "success_mean": statistics.fmean(success),
+                "success_worst": min(success),
+                "success_best": max(success),
+                "steps_mean": statistics.fmean(r["steps"] for r in done),
+            }
+        entry: dict[str, Any] = {"systems": per}
+        trl_runs = {r["seed"]: r for r in mine if r["system"] == "trl"}
+        for system in ("tracerl-grpo", "tracerl-ppo"):
+            if system not in per or "trl" not in per:
+                continue
+            ours, trl = per[system], per["trl"]
+            reach = {
+                r["seed"]: minutes_to_reach(r["curve"], trl_runs[r["seed"]]["accuracy_after"])
+                for r in mine
+                if r["system"] == system and r["seed"] in trl_runs
+            }
+            targets = {
+                "mean_ge_1.3x_trl": ours["success_mean"] >= 1.3 * trl["success_mean"],
+                "worst_ge_trl_worst": ours["success_worst"] >= trl["success_worst"],
+                "reaches_trl_final_in_half_budget": all(
+                    at is not None and at <= minutes / 2 for at in reach.values()
+                ),
+            }
+            entry[f"{system}_vs_trl"] = {
+                "success_mean_ratio": ours["success_mean"] / max(trl["success_mean"], 1e-9),
+                "minutes_to_trl_final": reach,
+                "targets": targets,
+            }
+            met = met and all(targets.values())
+        summary["tasks"][task] = entry
+    summary["target_met"] = met
+    return summary
+
+
+def run_task(
+    task: str, work: Path, systems: list[str], seeds: range, minutes: float, every: int
+) -> list[dict[str, Any]]:
+    """Prepare `task`'s start checkpoint, then every system and seed from it; one JSON line per
+    run on stdout, all of them in WORK_DIR/runs.jsonl."""
+    task_dir = work / task
+    task_dir.mkdir()
+    start, before = prepare(task, task_dir)
+    before_judged = judge(task, task_dir, start, "start")
+    print(json.dumps({"task": task, "success_before": before_judged}), flush=True)
+    runs = []
+    for seed in seeds:
+        for system in systems:
+            if system == "trl":
+                result = run_trl(task, task_dir, start, seed, minutes)
+            else:
+                algorithm = system.removeprefix("tracerl-")
+                result = run_tracerl(task, task_dir, start, algorithm, seed, minutes, every)
+            result.update(task=task, accuracy_before=before_judged, start_own_eval=before)
+            runs.append(result)
+            print(json.dumps(result), flush=True)
+            with (work / "runs.jsonl").open("a") as f:
+                f.write(json.dumps(result) + "\n")
+    return runs

@@ -1,0 +1,151 @@
+"""`tracerl bench learn`'s agentic tasks: task files, the configs it runs, the TRL side's tools,
+prompts and rewards (against tracerl's own environments), and the summary's targets. TRL itself
+is not needed: the harness imports it only to train."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers.utils import get_json_schema
+
+from tracerl.bench import learn_agents, learn_trl_agents
+from tracerl.bench.learn_trl_agents import (
+    GuessGame,
+    calculate,
+    calculator_reward,
+    check_same_prompt,
+    guess_reward,
+)
+from tracerl.config import TrainCommandConfig, load_config
+from tracerl.envs.calculator import ONE_OPERATION_ERROR, SINGLE_OPERATION_TOOL
+from tracerl.envs.guess import GUESS_TOOL
+from tracerl.gateway.render import ChatRenderer
+from tracerl.models import load_tokenizer, resolve_model
+
+
+def test_held_out_calculator_questions_are_never_trained_on(tmp_path: Path) -> None:
+    learn_agents.write_task_files(tmp_path, "calculator")
+    train, heldout = (
+        [json.loads(line) for line in (tmp_path / f"{name}.jsonl").open()]
+        for name in ("train", "heldout")
+    )
+    assert len(train) == learn_agents.TRAIN_TASKS
+    assert len(heldout) == learn_agents.HELDOUT_TASKS
+    assert not {t["prompt"] for t in train} & {t["prompt"] for t in heldout}
+
+
+@pytest.mark.parametrize("task", learn_agents.AGENT_TASKS)
+def test_the_generated_configs_run_the_same_settings(tmp_path: Path, task: str) -> None:
+    learn_agents.write_task_files(tmp_path, task)
+    configs = {
+        "run": learn_agents.config(task, tmp_path, model="m", algorithm="ppo", seed=2, minutes=15),
+        "start": learn_agents.config(task, tmp_path, model="m", steps=0, cold_start=True),
+        "judge": learn_agents.config(task, tmp_path, model="m", steps=0),
+    }
+    loaded = {}
+    for name, text in configs.items():
+        (tmp_path / f"{name}.toml").write_text(text)
+        loaded[name] = load_config(TrainCommandConfig, tmp_path / f"{name}.toml")
+    run, start, judge = loaded["run"], loaded["start"], loaded["judge"]
+    assert run.trainer.algorithm == "ppo" and run.loop.max_minutes == 15 and run.loop.seed == 2
+    assert run.orchestrator.batch_size == 16 and run.orchestrator.group_size == 4
+    assert run.trainer.chat_template == "chatml" and run.trainer.actor.lr == learn_agents.LR
+    assert start.cold_start.demonstrations > 0 and start.loop.steps == 0
+    assert judge.cold_start.demonstrations == 0 and judge.loop.steps == 0
+    for config in loaded.values():  # one environment, one held-out set, greedy evals
+        assert config.env == run.env and config.eval_dataset == run.eval_dataset
+        assert config.eval.sampling.temperature == 0 and config.eval.every == 1
+    assert run.env.name == task and getattr(run.env, "single_operation", True)
+
+
+@pytest.fixture(scope="module")
+def chatml() -> Any:
+    return load_tokenizer(resolve_model("tiny"), "chatml")
+
+
+@pytest.mark.parametrize(
+    ("task", "function", "tool"),
+    [("calculator", calculate, SINGLE_OPERATION_TOOL), ("guess", GuessGame.guess, GUESS_TOOL)],
+)
+def test_trl_sees_the_prompt_tracerl_renders(
+    chatml: Any, task: str, function: Any, tool: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TRL builds its tool list from the function (transformers' `get_json_schema`): it must
+    be tracerl's tool exactly, so both systems train on the same prompt tokens."""
+    assert get_json_schema(function) == tool
+    messages = [{"role": "user", "content": "What is 12 * 3 + 4?"}]
+    ours = ChatRenderer(chatml).render(messages, [tool])
+    theirs = chatml.apply_chat_template(
+        messages, tools=[get_json_schema(function)], tokenize=False, add_generation_prompt=True
+    )
+    assert ours == theirs and f'"{tool["function"]["name"]}"' in ours
+    check_same_prompt(chatml, task, messages)  # the harness's own guard passes...
+    changed = {**tool, "function": {**tool["function"], "description": "another"}}
+    name = "SINGLE_OPERATION_TOOL" if task == "calculator" else "GUESS_TOOL"
+    monkeypatch.setattr(learn_trl_agents, name, changed)
+    with pytest.raises(SystemExit, match="differs"):  # ...and stops a run on a mismatch
+        check_same_prompt(chatml, task, messages)
+
+
+def test_trl_tools_answer_as_tracerl_s_environments_do() -> None:
+    assert calculate("347 * 29") == "10063"
+    assert calculate("347 * 29 + 18") == ONE_OPERATION_ERROR
+    game = GuessGame()
+    game.reset(answer=11, high=16, prompt="ignored")
+    assert [game.guess(8), game.guess(17), game.guess(12)] == [
+        "higher",
+        "error: the number is from 1 to 16",
+        "lower",
+    ]
+    assert not game.found and game.guess(11) == "correct: the number is 11" and game.found
+    game.reset(answer=3, high=8)
+    assert not game.found  # a new game
+
+
+def test_trl_rewards_score_the_last_reply_as_tracerl_does() -> None:
+    call = {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "x"}}]}
+    tool = {"role": "tool", "content": "10063"}
+    answered = [call, tool, {"role": "assistant", "content": "The answer is 10081."}]
+    wrong = [call, tool, {"role": "assistant", "content": "The answer is 10063."}]
+    ran_out = [call, tool, call]  # still calling when the turns ran out
+    assert calculator_reward([answered, wrong, ran_out], [10081] * 3) == [1.0, 0.0, 0.0]
+    found, lost = GuessGame(), GuessGame()
+    for game in (found, lost):
+        game.reset(answer=5, high=8)
+    found.guess(5)
+    stated = [call, tool, {"role": "assistant", "content": "It is 5."}]
+    rewards = guess_reward([ran_out, stated, ran_out], [5] * 3, [found, lost, lost])
+    assert rewards == [1.0, 1.0, 0.0]  # found by a guess, stated at the end, neither
+
+
+def agent_run(system: str, seed: int, success: float, curve: list[list[float]]) -> dict:
+    return {"task": "guess", "system": system, "seed": seed, "accuracy_after": success,
+            "steps": 10, "curve": curve}  # fmt: skip
+
+
+def test_targets_compare_means_worst_seeds_and_time_to_trl_s_final_success() -> None:
+    runs = [
+        agent_run("trl", 0, 0.40, [[5, 0.2], [10, 0.3], [15, 0.4]]),
+        agent_run("trl", 1, 0.30, [[5, 0.2], [15, 0.3]]),
+        agent_run("tracerl-grpo", 0, 0.70, [[0, 0.1], [6, 0.45], [15, 0.7]]),
+        agent_run("tracerl-grpo", 1, 0.50, [[0, 0.1], [4, 0.3], [15, 0.5]]),
+        agent_run("tracerl-ppo", 0, 0.30, [[0, 0.1], [15, 0.3]]),
+        agent_run("tracerl-ppo", 1, 0.60, [[0, 0.1], [7, 0.6]]),
+    ]
+    summary = learn_agents.summarise(runs, ["guess"], minutes=15)
+    guess = summary["tasks"]["guess"]
+    grpo, ppo = guess["tracerl-grpo_vs_trl"], guess["tracerl-ppo_vs_trl"]
+    assert grpo["success_mean_ratio"] == pytest.approx(0.6 / 0.35)
+    assert grpo["minutes_to_trl_final"] == {0: 6, 1: 4}
+    assert grpo["targets"] == {
+        "mean_ge_1.3x_trl": True,
+        "worst_ge_trl_worst": True,
+        "reaches_trl_final_in_half_budget": True,
+    }
+    assert ppo["minutes_to_trl_final"] == {0: None, 1: 7}  # seed 0 never reached 0.40
+    assert ppo["targets"]["reaches_trl_final_in_half_budget"] is False
+    assert guess["systems"]["trl"]["success_worst"] == 0.30
+    assert summary["target_met"] is False
