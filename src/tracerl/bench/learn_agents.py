@@ -174,7 +174,8 @@ def judge(task: str, task_dir: Path, model: Path, name: str) -> float:
 
 
 def prepare(task: str, task_dir: Path) -> tuple[Path, float]:
-    """The task's files and start checkpoint; its export and held-out success."""
+    """The task's files and start checkpoint; its export and held-out success (the judge's
+    config with the cold start: after it, the run evaluates the export it trains from)."""
     write_task_files(task_dir, task)
     path = task_dir / "start.toml"
     path.write_text(config(task, task_dir, model="smollm2-135m", steps=0, cold_start=True))
@@ -311,9 +312,8 @@ def run_task(
     run on stdout, all of them in WORK_DIR/runs.jsonl."""
     task_dir = work / task
     task_dir.mkdir()
-    start, before = prepare(task, task_dir)
-    before_judged = judge(task, task_dir, start, "start")
-    print(json.dumps({"task": task, "success_before": before_judged}), flush=True)
+    start, before = prepare(task, task_dir)  # its eval is the judge's on the export
+    print(json.dumps({"task": task, "success_before": before}), flush=True)
     runs = []
     for seed in seeds:
         for system in systems:
@@ -322,7 +322,7 @@ def run_task(
             else:
                 algorithm = system.removeprefix("tracerl-")
                 result = run_tracerl(task, task_dir, start, algorithm, seed, minutes, every)
-            result.update(task=task, accuracy_before=before_judged, start_own_eval=before)
+            result.update(task=task, accuracy_before=before)
             runs.append(result)
             print(json.dumps(result), flush=True)
             with (work / "runs.jsonl").open("a") as f:

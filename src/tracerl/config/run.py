@@ -156,7 +156,8 @@ class TrainCommandConfig(Config):
             loop = data.get("loop")
             steps = loop.steps if isinstance(loop, LoopConfig) else (loop or {}).get("steps")
             steps = steps if steps is not None else LoopConfig().steps
-            trainer["total_steps"] = max(1, steps)  # an eval-only run has no schedule
+            # an eval-only run (0 steps) has no schedule; a wrong type is the loop's to report
+            trainer["total_steps"] = 1 if steps == 0 else steps
             data = {**data, "trainer": trainer}
         return data
 
