@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tracerl.bench import learn_agents
+from tracerl.bench.learn_config import train_config
 from tracerl.bench.learn_tasks import DEFAULT_HELDOUT, DEFAULT_MAX_NEW_TOKENS, split_tasks
 from tracerl.envs.dataset import read_jsonl
 from tracerl.run.metrics import read_metrics
@@ -64,56 +65,13 @@ def tracerl_config(
 ) -> str:
     """The `tracerl train` config of one run: the issue's settings, nothing tuned per task;
     `engine`: extra `[engine]` lines (another backend)."""
-    return f"""
-[trainer]
-model = "smollm2-135m"
-algorithm = "{algorithm}"
-temperature = 1.0
-seed = {seed}
-token_budget = 4096
-
-[trainer.actor]
-lr = {LR}
-schedule = "constant"
-
-[env]
-name = "arithmetic"
-
-[env.sampling]
-temperature = 1.0
-max_tokens = {DEFAULT_MAX_NEW_TOKENS}
-
-[dataset]
-path = "{train}"
-seed = {seed}
-
-[eval_dataset]
-path = "{heldout}"
-shuffle = false
-
-[orchestrator]
-batch_size = {PROMPTS_PER_STEP * GROUP_SIZE}
-group_size = {GROUP_SIZE}
-
-[loop]
-steps = 100000
-max_minutes = {minutes}
-seed = {seed}
-# a checkpoint is written at the end (the judge reads it); one per step would cost ~1 s each
-checkpoint_every = 100000
-
-[eval]
-every = {eval_every}
-
-[engine]
-kv_cache_tokens = 16384
-max_running_requests = 64
-max_model_len = 512
-{engine}
-
-[logging]
-progress = false
-"""
+    return train_config(
+        model="smollm2-135m", algorithm=algorithm, seed=seed, lr=LR, token_budget=4096,
+        env='name = "arithmetic"', max_tokens=DEFAULT_MAX_NEW_TOKENS, train=train,
+        heldout=heldout, batch_size=PROMPTS_PER_STEP * GROUP_SIZE, group_size=GROUP_SIZE,
+        steps=100000, minutes=minutes, eval_every=eval_every,
+        engine=f"kv_cache_tokens = 16384\nmax_running_requests = 64\nmax_model_len = 512\n{engine}",
+    )  # fmt: skip
 
 
 def run_tracerl(

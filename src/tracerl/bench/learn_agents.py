@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tracerl.bench.learn_config import train_config
 from tracerl.envs.registry import generate_tasks
 from tracerl.run.metrics import read_metrics
 
@@ -87,60 +88,16 @@ def config(
     cold_start: bool = False,
 ) -> str:
     """A `tracerl train` config for `task` (a run, the start checkpoint's, or the judge's)."""
-    budget = f"max_minutes = {minutes}" if minutes is not None else ""
-    return f"""
-[trainer]
-model = "{model}"
-chat_template = "chatml"
-algorithm = "{algorithm}"
-temperature = 1.0
-seed = {seed}
-token_budget = 8192
-
-[trainer.actor]
-lr = {LR}
-schedule = "constant"
-
-[env]
-{ENVIRONMENTS[task]}
-
-[env.sampling]
-temperature = 1.0
-max_tokens = {MAX_TOKENS}
-
-[dataset]
-path = "{(task_dir / "train.jsonl").resolve()}"
-seed = {seed}
-
-[eval_dataset]
-path = "{(task_dir / "heldout.jsonl").resolve()}"
-shuffle = false
-
-[orchestrator]
-batch_size = {PROMPTS_PER_STEP * GROUP_SIZE}
-group_size = {GROUP_SIZE}
-
-[loop]
-steps = {steps}
-seed = {seed}
-{budget}
-episode_timeout_s = 300
-# one checkpoint at the end (the judge reads its export)
-checkpoint_every = 100000
-
-[eval]
-every = {eval_every}
-
-[engine]
-kv_cache_tokens = 32768
-max_running_requests = 64
-max_model_len = 2048
-
-[logging]
-progress = false
-{"[cold_start]" if cold_start else ""}
-{COLD_START[task] if cold_start else ""}
-"""
+    cold = f"[cold_start]\n{COLD_START[task]}" if cold_start else ""
+    return train_config(
+        model=model, algorithm=algorithm, seed=seed, lr=LR, token_budget=8192,
+        chat_template="chatml", env=ENVIRONMENTS[task], max_tokens=MAX_TOKENS,
+        train=(task_dir / "train.jsonl").resolve(), heldout=(task_dir / "heldout.jsonl").resolve(),
+        batch_size=PROMPTS_PER_STEP * GROUP_SIZE, group_size=GROUP_SIZE, steps=steps,
+        minutes=minutes, eval_every=eval_every,
+        engine="kv_cache_tokens = 32768\nmax_running_requests = 64\nmax_model_len = 2048",
+        episode_timeout_s=300, extra=cold,
+    )  # fmt: skip
 
 
 def train(config_path: Path, run_dir: Path, timeout_s: float, *extra: str) -> float:

@@ -183,7 +183,6 @@ def log(message: str) -> None:
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Load the model, run GRPO until the budget is spent, evaluate the final weights."""
     from datasets import Dataset
-    from transformers import PrinterCallback
     from trl import GRPOTrainer
 
     if args.threads:
@@ -207,6 +206,17 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         processing_class=tokenizer,
         callbacks=[budget],
     )
+    result = run(trainer, model, budget, args)
+    result.update(accuracy_after=result["curve"][-1][1])
+    return result
+
+
+def run(
+    trainer: Any, model: PreTrainedModel, budget: BudgetCallback, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Train until the budget stops it, measure the final weights; the result's common part."""
+    from transformers import PrinterCallback
+
     # With tqdm off, transformers prints every log dict to stdout, which carries only the result.
     trainer.remove_callback(PrinterCallback)
     trainer.train()
@@ -216,7 +226,6 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "steps": trainer.state.global_step,
         "minutes": args.minutes,
-        "accuracy_after": budget.curve[-1][1],
         "curve": budget.curve,
         "train_reward": budget.train_reward,
         "step_times_s": [round(s, 3) for s in budget.step_times_s],
@@ -225,18 +234,19 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tracerl.bench.learn_trl", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser, group_size: int, max_new_tokens: int) -> None:
+    """The arguments both TRL harnesses take (the run's budget, batch, and TRL's settings)."""
     parser.add_argument("--train", type=Path, required=True, help="train tasks (JSONL)")
-    parser.add_argument("--heldout", type=Path, required=True, help="held-out tasks (JSONL)")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--minutes", type=float, required=True, help="wall-clock budget")
     parser.add_argument("--out", type=Path, required=True, help="directory for result.json")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="built-in name or HF directory")
     parser.add_argument("--lr", type=float, default=5e-6)
     parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--group-size", type=int, default=group_size, help="samples per prompt")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=max_new_tokens,
+        help="TRL's max_completion_length (an agentic episode's, tool answers included)",
+    )  # fmt: skip
     parser.add_argument("--eval-every-min", type=float, default=5.0, help="budget minutes")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
@@ -249,17 +259,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--checkpointing", action=argparse.BooleanOptionalAction, default=True,
         help="activation checkpointing (TRL's default: on)",
     )  # fmt: skip
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tracerl.bench.learn_trl", description=__doc__)
+    add_arguments(parser, group_size=8, max_new_tokens=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--heldout", type=Path, required=True, help="held-out tasks (JSONL)")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="built-in name or HF directory")
     return parser.parse_args(argv)
+
+
+def write_result(args: argparse.Namespace, result: dict[str, Any]) -> int:
+    """`OUTDIR/result.json`, and the same JSON line on stdout."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "result.json").write_text(json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Train, write `OUTDIR/result.json` and print it as one JSON line."""
     args = parse(argv)
-    result = train(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "result.json").write_text(json.dumps(result) + "\n")
-    print(json.dumps(result))
-    return 0
+    return write_result(args, train(args))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +134,6 @@ def check_same_prompt(tokenizer: Any, task: str, first_prompt: list[dict[str, st
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Load the start checkpoint, run GRPO until the budget is spent, snapshot the weights."""
     from datasets import Dataset
-    from transformers import PrinterCallback
     from trl import GRPOTrainer
     from trl.chat_template_utils import qwen3_template
 
@@ -183,56 +181,27 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         callbacks=[budget],
         **tools,
     )
-    trainer.remove_callback(PrinterCallback)  # stdout carries only the result
-    trainer.train()
-    budget.evaluate(model)
-    return {
-        "system": "trl",
-        "seed": args.seed,
-        "steps": trainer.state.global_step,
-        "minutes": args.minutes,
-        "snapshots": budget.curve,
-        "train_reward": budget.train_reward,
-        "step_times_s": [round(s, 3) for s in budget.step_times_s],
-        "load_s": round(budget.load_s, 3),
-        "eval_s": round(budget.eval_s, 3),
-    }
+    result = learn_trl.run(trainer, model, budget, args)
+    result["snapshots"] = result.pop("curve")
+    return result
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tracerl.bench.learn_trl_agents", description=__doc__
     )
+    learn_trl.add_arguments(parser, group_size=4, max_new_tokens=1024)
     parser.add_argument("--task", choices=("calculator", "guess"), required=True)
-    parser.add_argument("--train", type=Path, required=True, help="train tasks (JSONL)")
     parser.add_argument("--model", type=Path, required=True, help="the start checkpoint")
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--minutes", type=float, required=True, help="wall-clock budget")
-    parser.add_argument("--out", type=Path, required=True, help="directory for result.json")
-    parser.add_argument("--lr", type=float, default=5e-6)
-    parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=4, help="samples per prompt")
     parser.add_argument("--max-turns", type=int, required=True, help="model turns per episode")
     parser.add_argument("--max-tokens-per-turn", type=int, default=64)
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=1024,
-        help="TRL's max_completion_length: the whole episode, tool answers included",
-    )  # fmt: skip
-    parser.add_argument("--eval-every-min", type=float, default=5.0, help="snapshot interval")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
-    parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
-    parser.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Train, write `OUTDIR/result.json` and print it as one JSON line."""
     args = parse(argv)
-    result = train(args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "result.json").write_text(json.dumps(result) + "\n")
-    print(json.dumps(result), file=sys.stdout)
-    return 0
+    return learn_trl.write_result(args, train(args))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""The `tracerl train` configs `tracerl bench learn` generates: one layout for the single-turn
+tasks (`learn`) and the agentic ones (`learn_agents`), which differ only in the values given."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def train_config(
+    *,
+    model: str,
+    algorithm: str,
+    seed: int,
+    lr: float,
+    token_budget: int,
+    env: str,
+    max_tokens: int,
+    train: Path,
+    heldout: Path,
+    batch_size: int,
+    group_size: int,
+    steps: int,
+    minutes: float | None,
+    eval_every: int,
+    engine: str,
+    chat_template: str | None = None,
+    episode_timeout_s: float | None = None,
+    extra: str = "",
+) -> str:
+    """A run's config: `env` and `engine` are the lines of those sections, `extra` more
+    sections; `minutes` None sets no budget (`steps` alone ends the run); `chat_template` and
+    `episode_timeout_s` unset keep the defaults."""
+    budget = f"max_minutes = {minutes}" if minutes is not None else ""
+    template = f'chat_template = "{chat_template}"' if chat_template else ""
+    timeout = f"episode_timeout_s = {episode_timeout_s}" if episode_timeout_s else ""
+    return f"""
+[trainer]
+model = "{model}"
+{template}
+algorithm = "{algorithm}"
+temperature = 1.0
+seed = {seed}
+token_budget = {token_budget}
+
+[trainer.actor]
+lr = {lr}
+schedule = "constant"
+
+[env]
+{env}
+
+[env.sampling]
+temperature = 1.0
+max_tokens = {max_tokens}
+
+[dataset]
+path = "{train}"
+seed = {seed}
+
+[eval_dataset]
+path = "{heldout}"
+shuffle = false
+
+[orchestrator]
+batch_size = {batch_size}
+group_size = {group_size}
+
+[loop]
+steps = {steps}
+{budget}
+seed = {seed}
+{timeout}
+# a checkpoint is written at the end (the judge reads it); one per step would cost ~1 s each
+checkpoint_every = 100000
+
+[eval]
+every = {eval_every}
+
+[engine]
+{engine}
+
+[logging]
+progress = false
+{extra}
+"""
