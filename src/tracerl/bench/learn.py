@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,7 +38,6 @@ from tracerl.bench import learn_agents
 from tracerl.bench.learn_config import train_config
 from tracerl.bench.learn_tasks import DEFAULT_HELDOUT, DEFAULT_MAX_NEW_TOKENS, split_tasks
 from tracerl.envs.dataset import read_jsonl
-from tracerl.run.metrics import read_metrics
 from tracerl.run.plot import plot_learn
 
 SYSTEMS = ("tracerl-grpo", "tracerl-ppo", "trl")
@@ -94,30 +91,9 @@ def run_tracerl(
             (task_dir / "heldout.jsonl").resolve(), seed, minutes, eval_every, engine,
         )
     )  # fmt: skip
-    command = [sys.executable, "-m", "tracerl.cli.main", "train", str(config)]
-    started = time.monotonic()
-    with (task_dir / f"{run_dir.name}.log").open("w") as log:
-        subprocess.run(
-            [*command, "--run-dir", str(run_dir)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=minutes * 60 + OVERRUN_S,
-            check=True,
-        )
-    wall = time.monotonic() - started
-    records = read_metrics(run_dir / "metrics.jsonl")
-    steps = [r for r in records if "rollout/reward_mean" in r]
-    evals = [r for r in records if "eval/accuracy" in r]
-    return {
-        "system": system,
-        "seed": seed,
-        "steps": len(steps),
-        "accuracy_after": judge_checkpoint(run_dir / "checkpoints", task_dir),
-        "own_eval_after": evals[-1]["eval/accuracy"] if evals else None,
-        "curve": [[r["time/elapsed_s"] / 60, r["eval/accuracy"]] for r in evals],
-        "train_reward": [r["rollout/reward_mean"] for r in steps],
-        "wall_s": wall,
-    }
+    wall = learn_agents.train(config, run_dir, minutes * 60 + OVERRUN_S)
+    judged = judge_checkpoint(run_dir / "checkpoints", task_dir)
+    return learn_agents.run_record(run_dir, system, seed, judged, wall)
 
 
 def judge_checkpoint(checkpoints: Path, task_dir: Path) -> float:
@@ -144,17 +120,12 @@ def run_trl(task_dir: Path, seed: int, minutes: float, eval_every_min: float) ->
         "--prompts-per-step", str(PROMPTS_PER_STEP), "--group-size", str(GROUP_SIZE),
         "--max-new-tokens", str(DEFAULT_MAX_NEW_TOKENS), "--eval-every-min", str(eval_every_min),
     ]  # fmt: skip
-    started = time.monotonic()
-    with (task_dir / f"{out.name}.log").open("w") as log:
-        subprocess.run(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=minutes * 60 + OVERRUN_S * 2,  # its evals are added to its deadline
-            check=True,
-        )
+    # its evals are added to its deadline
+    wall = learn_agents.run_logged(
+        command, task_dir / f"{out.name}.log", minutes * 60 + OVERRUN_S * 2
+    )
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
-    result["wall_s"] = time.monotonic() - started
+    result["wall_s"] = wall
     return result
 
 
@@ -181,14 +152,7 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
             mine = [r for r in runs if r["task"] == task and r["system"] == system]
             if not mine:
                 continue
-            acc = [r["accuracy_after"] for r in mine]
-            per[system] = {
-                "seeds": len(mine),
-                "accuracy_mean": statistics.fmean(acc),
-                "accuracy_worst": min(acc),
-                "accuracy_best": max(acc),
-                "steps_mean": statistics.fmean(r["steps"] for r in mine),
-            }
+            per[system] = learn_agents.seed_stats(mine, "accuracy")
         entry: dict[str, Any] = {"systems": per}
         trl, grpo, ppo = per.get("trl"), per.get("tracerl-grpo"), per.get("tracerl-ppo")
         if trl and grpo:

@@ -100,19 +100,23 @@ def config(
     )  # fmt: skip
 
 
-def train(config_path: Path, run_dir: Path, timeout_s: float, *extra: str) -> float:
-    """`tracerl train CONFIG` in its own process; its wall time. Output in RUN_DIR.log."""
+def run_logged(
+    command: list[str], log: Path, timeout_s: float, env: dict[str, str] | None = None
+) -> float:
+    """`command` in its own process, its output to `log`; its wall time (a failure raises)."""
     started = time.monotonic()
-    command = [sys.executable, "-m", "tracerl.cli.main", "train", str(config_path)]
-    with run_dir.with_suffix(".log").open("w") as log:
+    with log.open("w") as out:
         subprocess.run(
-            [*command, "--run-dir", str(run_dir), *extra],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=timeout_s,
-            check=True,
+            command, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=True, env=env
         )
     return time.monotonic() - started
+
+
+def train(config_path: Path, run_dir: Path, timeout_s: float, *extra: str) -> float:
+    """`tracerl train CONFIG` in its own process; its wall time. Output in RUN_DIR.log."""
+    command = [sys.executable, "-m", "tracerl.cli.main", "train", str(config_path)]
+    return run_logged([*command, "--run-dir", str(run_dir), *extra], run_dir.with_suffix(".log"),
+                      timeout_s)  # fmt: skip
 
 
 def last_eval(run_dir: Path) -> float:
@@ -163,6 +167,14 @@ def run_tracerl(
         check=True,
         capture_output=True,
     )
+    return run_record(run_dir, system, seed, judge(task, task_dir, export, run_dir.name), wall)
+
+
+def run_record(
+    run_dir: Path, system: str, seed: int, accuracy_after: float, wall_s: float
+) -> dict[str, Any]:
+    """A finished `tracerl train` run's line in runs.jsonl: its steps, its own evals as the
+    curve (minutes from process start, charged), its training rewards, and the judge's score."""
     records = read_metrics(run_dir / "metrics.jsonl")
     steps = [r for r in records if "rollout/reward_mean" in r]
     evals = [r for r in records if "eval/accuracy" in r]
@@ -170,11 +182,11 @@ def run_tracerl(
         "system": system,
         "seed": seed,
         "steps": len(steps),
-        "accuracy_after": judge(task, task_dir, export, run_dir.name),
+        "accuracy_after": accuracy_after,
         "own_eval_after": evals[-1]["eval/accuracy"] if evals else None,
         "curve": [[r["time/elapsed_s"] / 60, r["eval/accuracy"]] for r in evals],
         "train_reward": [r["rollout/reward_mean"] for r in steps],
-        "wall_s": wall,
+        "wall_s": wall_s,
     }
 
 
@@ -191,17 +203,8 @@ def run_trl(task: str, task_dir: Path, start: Path, seed: int, minutes: float) -
         "--max-turns", str(turns), "--max-tokens-per-turn", str(MAX_TOKENS),
         "--eval-every-min", str(minutes / 3),
     ]  # fmt: skip
-    started = time.monotonic()
-    with (task_dir / f"{out.name}.log").open("w") as log:
-        subprocess.run(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            timeout=minutes * 60 + OVERRUN_S,
-            check=True,
-            env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"},
-        )
-    wall = time.monotonic() - started
+    quiet = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}  # environment_factory's warning
+    wall = run_logged(command, task_dir / f"{out.name}.log", minutes * 60 + OVERRUN_S, quiet)
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     curve = [
         [at, judge(task, task_dir, Path(path), f"{out.name}-{Path(path).name}")]
@@ -216,6 +219,19 @@ def minutes_to_reach(curve: list[list[float]], accuracy: float) -> float | None:
     return next((at for at, value in curve if value >= accuracy), None)
 
 
+def seed_stats(runs: list[dict[str, Any]], name: str) -> dict[str, float]:
+    """One system's runs on one task: seeds, `accuracy_after` as NAME_mean / _worst / _best,
+    and the mean steps."""
+    after = [r["accuracy_after"] for r in runs]
+    return {
+        "seeds": len(runs),
+        f"{name}_mean": statistics.fmean(after),
+        f"{name}_worst": min(after),
+        f"{name}_best": max(after),
+        "steps_mean": statistics.fmean(r["steps"] for r in runs),
+    }
+
+
 def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> dict[str, Any]:
     """Per task and system: success mean / worst / best and steps; against TRL, for each
     tracerl algorithm: the mean ratio, worst seeds, and on each seed the minutes it took to reach
@@ -227,15 +243,7 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
         mine = [r for r in runs if r["task"] == task]
         per: dict[str, dict[str, float]] = {}
         for system in sorted({r["system"] for r in mine}):
-            done = [r for r in mine if r["system"] == system]
-            success = [r["accuracy_after"] for r in done]
-            per[system] = {
-                "seeds": len(done),
-                "success_mean": statistics.fmean(success),
-                "success_worst": min(success),
-                "success_best": max(success),
-                "steps_mean": statistics.fmean(r["steps"] for r in done),
-            }
+            per[system] = seed_stats([r for r in mine if r["system"] == system], "success")
         entry: dict[str, Any] = {"systems": per}
         trl_runs = {r["seed"]: r for r in mine if r["system"] == "trl"}
         for system in ("tracerl-grpo", "tracerl-ppo"):
