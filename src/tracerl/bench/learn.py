@@ -259,7 +259,7 @@ def main(args: argparse.Namespace) -> int:
         run
         for task in agent_tasks
         for run in learn_agents.run_task(
-            task, work, systems, seeds_run, args.minutes, args.agent_eval_every
+            task, work, systems, seeds_run, args.minutes, args.agent_checkpoint_every
         )
     ]
     runs += agent_runs

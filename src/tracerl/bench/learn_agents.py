@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from typing import Any
 from tracerl.bench.learn_config import train_config
 from tracerl.envs.registry import generate_tasks
 from tracerl.run.metrics import read_metrics
+from tracerl.train.checkpoint import PREFIX, list_checkpoints
 
 AGENT_TASKS = ("calculator", "guess")
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4
@@ -86,8 +88,10 @@ def config(
     eval_every: int = 1,
     steps: int = 100_000,
     cold_start: bool = False,
+    checkpoint_every: int = 100_000,
 ) -> str:
-    """A `tracerl train` config for `task` (a run, the start checkpoint's, or the judge's)."""
+    """A `tracerl train` config for `task` (a run, the start checkpoint's, or the judge's); a
+    run keeps every checkpoint (the judge scores some, then they are removed)."""
     cold = f"[cold_start]\n{COLD_START[task]}" if cold_start else ""
     return train_config(
         model=model, algorithm=algorithm, seed=seed, lr=LR, token_budget=8192,
@@ -96,7 +100,7 @@ def config(
         batch_size=PROMPTS_PER_STEP * GROUP_SIZE, group_size=GROUP_SIZE, steps=steps,
         minutes=minutes, eval_every=eval_every,
         engine="kv_cache_tokens = 32768\nmax_running_requests = 64\nmax_model_len = 2048",
-        episode_timeout_s=300, extra=cold,
+        episode_timeout_s=300, checkpoint_every=checkpoint_every, keep_last_n=10_000, extra=cold,
     )  # fmt: skip
 
 
@@ -151,23 +155,52 @@ def prepare(task: str, task_dir: Path) -> tuple[Path, float]:
 def run_tracerl(
     task: str, task_dir: Path, start: Path, algorithm: str, seed: int, minutes: float, every: int
 ) -> dict[str, Any]:
-    """One `tracerl train` run from `start`; its steps, curve, and the judge on its final
-    weights (exported from its last checkpoint)."""
+    """One `tracerl train` run from `start`, with no eval of its own and a checkpoint every
+    `every` steps; then the judge on the checkpoints nearest a third and two thirds of the
+    budget and on the last one (the points TRL's snapshots give), as its curve."""
     system = f"tracerl-{algorithm}"
     run_dir = task_dir / f"{system}-seed{seed}"
     path = task_dir / f"{run_dir.name}.toml"
     path.write_text(
         config(task, task_dir, model=str(start.resolve()), algorithm=algorithm, seed=seed,
-               minutes=minutes, eval_every=every)
+               minutes=minutes, eval_every=0, checkpoint_every=every)
     )  # fmt: skip
     wall = train(path, run_dir, minutes * 60 + OVERRUN_S)
-    export = run_dir / "export"
-    subprocess.run(
-        [sys.executable, "-m", "tracerl.cli.main", "export", str(run_dir), str(export)],
-        check=True,
-        capture_output=True,
-    )
-    return run_record(run_dir, system, seed, judge(task, task_dir, export, run_dir.name), wall)
+    curve = [
+        [at, judge_step(task, task_dir, run_dir, step)]
+        for at, step in judged_steps(run_dir, minutes)
+    ]
+    shutil.rmtree(run_dir / "checkpoints")  # weights and optimizer state, a few GB
+    record = run_record(run_dir, system, seed, curve[-1][1], wall)
+    record.update(curve=curve)
+    return record
+
+
+def judged_steps(run_dir: Path, minutes: float) -> list[tuple[float, int]]:
+    """(minutes from process start, step) of the checkpoints the judge scores: the ones saved
+    nearest `minutes` / 3 and 2 * `minutes` / 3, and the last."""
+    elapsed = {
+        int(r["step"]): r["time/elapsed_s"] / 60
+        for r in read_metrics(run_dir / "metrics.jsonl")
+        if "rollout/reward_mean" in r
+    }
+    saved = [int(p.name[len(PREFIX) :]) for p in list_checkpoints(run_dir / "checkpoints")]
+    saved = [step for step in saved if step in elapsed]
+    if not saved:
+        raise RuntimeError(f"{run_dir}: no checkpoint of a logged step to judge")
+    chosen = {min(saved, key=lambda s: abs(elapsed[s] - minutes * k / 3)) for k in (1, 2)}
+    return [(elapsed[step], step) for step in sorted(chosen | {saved[-1]})]
+
+
+def judge_step(task: str, task_dir: Path, run_dir: Path, step: int) -> float:
+    """The judge on the actor of `run_dir`'s checkpoint `step` (exported, judged, removed)."""
+    export = run_dir / f"export-step{step}"
+    command = [sys.executable, "-m", "tracerl.cli.main", "export", str(run_dir), str(export)]
+    subprocess.run([*command, "--step", str(step)], check=True, capture_output=True)
+    try:
+        return judge(task, task_dir, export, f"{run_dir.name}-step{step}")
+    finally:
+        shutil.rmtree(export)
 
 
 def run_record(
@@ -206,10 +239,10 @@ def run_trl(task: str, task_dir: Path, start: Path, seed: int, minutes: float) -
     quiet = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}  # environment_factory's warning
     wall = run_logged(command, task_dir / f"{out.name}.log", minutes * 60 + OVERRUN_S, quiet)
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
-    curve = [
-        [at, judge(task, task_dir, Path(path), f"{out.name}-{Path(path).name}")]
-        for at, path in result.pop("snapshots")
-    ]
+    curve = []
+    for at, path in result.pop("snapshots"):
+        curve.append([at, judge(task, task_dir, Path(path), f"{out.name}-{Path(path).name}")])
+        shutil.rmtree(path)  # judged: 540 MB each
     result.update(curve=curve, accuracy_after=curve[-1][1], wall_s=wall)
     return result
 

@@ -387,8 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--eval-every", type=int, default=20, help="learn: tracerl eval interval")
     bench.add_argument(
-        "--agent-eval-every", type=int, default=5,
-        help="learn: tracerl eval interval (steps) on calculator and guess",
+        "--agent-checkpoint-every", type=int, default=3,
+        help="learn: tracerl checkpoint interval (steps) on calculator and guess (judged after)",
     )  # fmt: skip
     bench.add_argument("--work-dir", help="learn: where runs go (default runs/bench-learn-TIME)")
     bench.set_defaults(func=_cmd_bench)

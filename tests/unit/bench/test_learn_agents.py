@@ -24,6 +24,7 @@ from tracerl.envs.calculator import ONE_OPERATION_ERROR, SINGLE_OPERATION_TOOL
 from tracerl.envs.guess import GUESS_TOOL
 from tracerl.gateway.render import ChatRenderer
 from tracerl.models import load_tokenizer, resolve_model
+from tracerl.train.checkpoint import MANIFEST, PREFIX
 
 
 def test_held_out_calculator_questions_are_never_trained_on(tmp_path: Path) -> None:
@@ -149,3 +150,18 @@ def test_targets_compare_means_worst_seeds_and_time_to_trl_s_final_success() -> 
     assert ppo["targets"]["reaches_trl_final_in_half_budget"] is False
     assert guess["systems"]["trl"]["success_worst"] == 0.30
     assert summary["target_met"] is False
+
+
+def test_the_judge_scores_the_checkpoints_nearest_a_third_and_two_thirds_and_the_last(
+    tmp_path: Path,
+) -> None:
+    with (tmp_path / "metrics.jsonl").open("w") as f:
+        for step in range(1, 31):  # one step every 30 s
+            f.write(json.dumps({"step": step, "rollout/reward_mean": 0.0,
+                                "time/elapsed_s": 30.0 * step}) + "\n")  # fmt: skip
+    for step in (*range(3, 31, 3), 31):  # every 3 steps; 31 was never logged (torn)
+        directory = tmp_path / "checkpoints" / f"{PREFIX}{step}"
+        directory.mkdir(parents=True)
+        (directory / MANIFEST).write_text("{}")
+    # 15 minutes: 5 min is step 10 (saved: 9 at 4.5 min, 12 at 6), 10 min is step 20 (21)
+    assert learn_agents.judged_steps(tmp_path, 15) == [(4.5, 9), (10.5, 21), (15.0, 30)]
