@@ -9,16 +9,18 @@ which gives the held-out success before. The cold start is not charged to any sy
 Per seed and system, from that checkpoint, with the same prompts, reward, batch (4 prompts x 4
 samples), learning rate (constant), sampling (temperature 1) and budget from process start:
 - `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config (`trainer.chat_template =
-  "chatml"`, tools in the template's system turn, Hermes calls), its periodic evals charged;
+  "chatml"`, tools in the template's system turn, Hermes calls), no eval in the run, a
+  checkpoint every few steps (their writes charged);
 - `trl`: TRL's `GRPOTrainer` (`learn_trl_agents`) with `tools=` for `calculator` and
-  `environment_factory` for `guess`, the same chat template, its evals (saved snapshots) not
-  charged.
+  `environment_factory` for `guess`, the same chat template, a snapshot of its weights every
+  third of the budget (not charged).
 
 The judge is `tracerl train JUDGE.toml --trainer.model=DIR --loop.steps=0`: the task's
 environment played greedily through a gateway and the embedded engine on every held-out task,
 success when the episode's reward reaches `eval.success_reward` (1.0). It runs in its own
-process on the start checkpoint, on each tracerl run's exported final weights and on each TRL
-snapshot, so every number comes from the same code on the same tasks.
+process after the runs: on the start checkpoint (as the cold start's own run), on each TRL
+snapshot, and on the tracerl checkpoints nearest a third and two thirds of the budget and the
+last, so every number, curves included, comes from the same code on the same tasks.
 """
 
 from __future__ import annotations
