@@ -190,6 +190,7 @@ def main(args: argparse.Namespace) -> int:
 
     tasks = [t for t in args.tasks.split(",") if t]
     systems = [s for s in args.systems.split(",") if s]
+    seeds_run = range(args.first_seed, args.first_seed + args.seeds)
     agent_tasks = [t for t in tasks if t in learn_agents.AGENT_TASKS]
     tasks = [t for t in tasks if t not in agent_tasks]
     all_tasks = (*TASKS, *learn_agents.AGENT_TASKS)
@@ -213,7 +214,7 @@ def main(args: argparse.Namespace) -> int:
         (task, system, seed)
         for task in tasks + agent_tasks
         for system in systems
-        for seed in range(args.first_seed, args.first_seed + args.seeds)
+        for seed in seeds_run
     }
     keys = [(r["task"], r["system"], r["seed"]) for r in included]
     repeated = sorted({k for k in keys if k in planned or keys.count(k) > 1})
@@ -241,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
         before = greedy_accuracy(model, tokenizer, heldout)
         del model
         print(json.dumps({"task": task, "accuracy_before": before}), flush=True)
-        for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for seed in seeds_run:
             for system in systems:
                 if system == "trl":
                     result = run_trl(task_dir, seed, args.minutes, args.minutes / 3)
@@ -254,7 +255,6 @@ def main(args: argparse.Namespace) -> int:
                 runs.append(result)
                 print(json.dumps(result), flush=True)
                 write_jsonl(work / "runs.jsonl", runs)
-    seeds_run = range(args.first_seed, args.first_seed + args.seeds)
     agent_runs = [
         run
         for task in agent_tasks

@@ -28,40 +28,35 @@ from tracerl.envs.chat import Script, call_arguments, play_with_tools, tool_call
 from tracerl.envs.expression import calculate, next_operation, operations
 from tracerl.envs.rewards import exact_answer_reward, from_final_text
 
-# Typed Any: the SDK's name for this TypedDict differs across the openai versions we accept.
-CALCULATE_TOOL: Any = {
-    "type": "function",
-    "function": {
-        "name": "calculate",
-        "description": (
-            "Evaluate an arithmetic expression with + - * / // % ** and parentheses; "
-            "returns its value."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "expression": {"type": "string", "description": "for example (347 * 29) + 18"}
+
+def _calculate_tool(description: str, example: str) -> Any:
+    """The `calculate` tool's definition, described as one of the calculator's two forms."""
+    parameter = {"type": "string", "description": f"for example {example}"}
+    return {
+        "type": "function",
+        "function": {
+            "name": "calculate",
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": parameter},
+                "required": ["expression"],
             },
-            "required": ["expression"],
         },
-    },
-}
+    }
+
+
+# Typed Any: the SDK's name for this TypedDict differs across the openai versions we accept.
+CALCULATE_TOOL: Any = _calculate_tool(
+    "Evaluate an arithmetic expression with + - * / // % ** and parentheses; returns its value.",
+    "(347 * 29) + 18",
+)
 # `single_operation`: the same tool, one operation per call.
-SINGLE_OPERATION_TOOL: Any = {
-    "type": "function",
-    "function": {
-        "name": "calculate",
-        "description": (
-            "Compute one operation on two numbers: + - * / // % or **; returns its value. "
-            "Work out a longer expression one operation at a time."
-        ),
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "for example 347 * 29"}},
-            "required": ["expression"],
-        },
-    },
-}
+SINGLE_OPERATION_TOOL: Any = _calculate_tool(
+    "Compute one operation on two numbers: + - * / // % or **; returns its value. "
+    "Work out a longer expression one operation at a time.",
+    "347 * 29",
+)
 INSTRUCTION = "Use the calculate tool for arithmetic, then state the final answer as a number."
 ONE_OPERATION_ERROR = "error: one operation per call, for example 347 * 29"
 

@@ -42,8 +42,8 @@ class ExpressionError(ValueError):
     """An expression the calculator refuses or cannot compute; the message is shown to the model."""
 
 
-def evaluate(expression: str) -> Number:
-    """The value of `expression`, or `ExpressionError` saying why not."""
+def _parse(expression: str) -> ast.Expression:
+    """The syntax tree the evaluator walks, or `ExpressionError` for text it refuses to parse."""
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ExpressionError(f"expression longer than {MAX_EXPRESSION_CHARS} characters")
     # Calculator habits: ^ for power, unicode times and divide signs.
@@ -51,9 +51,14 @@ def evaluate(expression: str) -> Number:
     if not text:
         raise ExpressionError("empty expression")
     try:
-        tree = ast.parse(text, mode="eval")
+        return ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
         raise ExpressionError(f"not an arithmetic expression: {expression!r}") from e
+
+
+def evaluate(expression: str) -> Number:
+    """The value of `expression`, or `ExpressionError` saying why not."""
+    tree = _parse(expression)
     try:
         return _check(_eval(tree.body))
     except ZeroDivisionError:
@@ -65,12 +70,9 @@ def evaluate(expression: str) -> Number:
 def operations(expression: str) -> int:
     """How many binary operations `expression` has (unary signs not counted); an expression the
     evaluator would refuse counts as 0, so its error comes from `calculate`."""
-    text = expression.replace("^", "**").replace("×", "*").replace("÷", "/").strip()
-    if len(text) > MAX_EXPRESSION_CHARS:
-        return 0
     try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        tree = _parse(expression)
+    except ExpressionError:
         return 0
     return sum(isinstance(node, ast.BinOp) for node in ast.walk(tree))
 
