@@ -311,6 +311,8 @@ class RLLoop:
 
     async def _feed(self) -> None:
         c = self.config
+        if not c.loop.steps:  # an eval-only run plays no training episode
+            return
         ahead = self.groups_per_step * (1 + c.loop.max_off_policy_steps)
         while not self._stop.is_set():
             await self._gate.wait()
@@ -505,10 +507,7 @@ class RLLoop:
             loop.add_signal_handler(sig, self._stop.set)
         try:
             await self._start()
-            # an eval-only run (loop.steps = 0) plays no training episode
-            feeder = asyncio.create_task(
-                self._feed() if self.config.loop.steps else asyncio.sleep(0)
-            )
+            feeder = asyncio.create_task(self._feed())
             evals: list[asyncio.Task[None]] = []
             last_saved = self.step
             started, last_tokens, last_at = time.monotonic(), self._tokens, time.monotonic()
