@@ -271,7 +271,8 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
     """Per task and system: success mean / worst / best and steps; against TRL, for each
     tracerl algorithm: the mean ratio, worst seeds, and on each seed the minutes it took to reach
     TRL's final success on that seed (the issue's targets: >= 1.3x, >= TRL's worst, <= half
-    the budget)."""
+    the budget); `target_met` also needs the targets' conditions (3 seeds, TRL's mean below
+    70 %) and is false when TRL or tracerl has no run."""
     summary: dict[str, Any] = {"tasks": {}}
     met = True
     for task in tasks:
@@ -280,10 +281,20 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
         for system in sorted({r["system"] for r in mine}):
             per[system] = seed_stats([r for r in mine if r["system"] == system], "success")
         entry: dict[str, Any] = {"systems": per}
+        compared = [s for s in ("tracerl-grpo", "tracerl-ppo") if s in per]
+        if "trl" not in per or not compared:  # nothing to compare: no target can be met
+            met = False
+            summary["tasks"][task] = entry
+            continue
+        # the comparison the targets are stated for: 3 seeds, with headroom above TRL
+        conditions = {
+            "seeds_ge_3": all(per[s]["seeds"] >= 3 for s in ("trl", *compared)),
+            "trl_mean_below_70pct": per["trl"]["success_mean"] < 0.7,
+        }
+        entry["conditions"] = conditions
+        met = met and all(conditions.values())
         trl_runs = {r["seed"]: r for r in mine if r["system"] == "trl"}
-        for system in ("tracerl-grpo", "tracerl-ppo"):
-            if system not in per or "trl" not in per:
-                continue
+        for system in compared:
             ours, trl = per[system], per["trl"]
             reach = {
                 r["seed"]: minutes_to_reach(r["curve"], trl_runs[r["seed"]]["accuracy_after"])
@@ -291,14 +302,18 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
                 if r["system"] == system and r["seed"] in trl_runs
             }
             targets = {
-                "mean_ge_1.3x_trl": ours["success_mean"] >= 1.3 * trl["success_mean"],
+                # and above it: at a TRL mean of 0, 1.3x of it says nothing
+                "mean_ge_1.3x_trl": ours["success_mean"] >= 1.3 * trl["success_mean"]
+                and ours["success_mean"] > trl["success_mean"],
                 "worst_ge_trl_worst": ours["success_worst"] >= trl["success_worst"],
                 "reaches_trl_final_in_half_budget": all(
                     at is not None and at <= minutes / 2 for at in reach.values()
                 ),
             }
             entry[f"{system}_vs_trl"] = {
-                "success_mean_ratio": ours["success_mean"] / max(trl["success_mean"], 1e-9),
+                "success_mean_ratio": (
+                    ours["success_mean"] / trl["success_mean"] if trl["success_mean"] else None
+                ),
                 "minutes_to_trl_final": reach,
                 "targets": targets,
             }

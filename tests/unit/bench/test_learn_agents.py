@@ -165,3 +165,22 @@ def test_the_judge_scores_the_checkpoints_nearest_a_third_and_two_thirds_and_the
         (directory / MANIFEST).write_text("{}")
     # 15 minutes: 5 min is step 10 (saved: 9 at 4.5 min, 12 at 6), 10 min is step 20 (21)
     assert learn_agents.judged_steps(tmp_path, 15) == [(4.5, 9), (10.5, 21), (15.0, 30)]
+
+
+def test_target_met_needs_three_seeds_headroom_and_more_than_a_zero_baseline() -> None:
+    """One seed where TRL and PPO both end at 0 % meets nothing: the targets are stated for 3
+    seeds with TRL below 70 %, and 1.3x of 0 is no improvement."""
+    runs = [
+        agent_run("trl", 0, 0.0, [[5, 0.0], [15, 0.0]]),
+        agent_run("tracerl-grpo", 0, 0.98, [[5, 0.0], [15, 0.98]]),
+        agent_run("tracerl-ppo", 0, 0.0, [[5, 0.0], [15, 0.0]]),
+    ]
+    summary = learn_agents.summarise(runs, ["guess"], minutes=15)
+    guess = summary["tasks"]["guess"]
+    assert guess["conditions"] == {"seeds_ge_3": False, "trl_mean_below_70pct": True}
+    assert guess["tracerl-ppo_vs_trl"]["targets"]["mean_ge_1.3x_trl"] is False
+    assert guess["tracerl-grpo_vs_trl"]["targets"]["mean_ge_1.3x_trl"] is True
+    assert guess["tracerl-grpo_vs_trl"]["success_mean_ratio"] is None  # no ratio to 0
+    assert summary["target_met"] is False
+    # with no TRL run there is nothing to compare
+    assert learn_agents.summarise(runs[1:], ["guess"], minutes=15)["target_met"] is False
