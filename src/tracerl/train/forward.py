@@ -10,6 +10,8 @@ log-softmax for backward; the entropy (a metric, no grad) reuses the same `logsu
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,13 +25,15 @@ def action_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `mb`'s action tokens `[k]` (with grad if enabled), and their entropies
     `[k]` (no grad) when asked."""
+    by_mask = keeps_logits_by_mask(type(model))  # type: ignore[arg-type]
     logits = model(
         input_ids=mb.input_ids,
         position_ids=mb.position_ids,
         attention_mask=mb.attention_mask,
-        logits_to_keep=mb.keep,
+        logits_to_keep=mb.keep if by_mask else 0,
         use_cache=False,
-    ).logits.float()  # [k, V]
+    ).logits
+    logits = (logits if by_mask else logits[mb.keep]).float()  # [k, V]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
     chosen = logits.gather(-1, mb.tokens[:, None])[:, 0]  # [k]
@@ -41,6 +45,15 @@ def action_logprobs(
             probs = (z - normaliser.detach()[:, None]).exp_()  # [k, V]
             entropy = normaliser.detach() - (probs * z).sum(-1)
     return chosen - normaliser, entropy
+
+
+@functools.cache
+def keeps_logits_by_mask(cls: Any) -> bool:
+    """Whether `cls` computes logits only at a 2D boolean `logits_to_keep` (its modeling module
+    slices with transformers' `slice_logits_to_keep`, 5.21 and later). Older ones read a tensor
+    as positions and fail: their logits are computed everywhere and masked afterwards."""
+    module = sys.modules.get(getattr(cls.forward, "__module__", None) or "")
+    return hasattr(module, "slice_logits_to_keep")
 
 
 def action_values(critic: Any, mb: MicroBatch) -> torch.Tensor:

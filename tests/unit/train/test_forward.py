@@ -2,9 +2,11 @@ from typing import Any
 
 import pytest
 import torch
+import transformers.modeling_utils
 
 from tests.conftest import reference_logprobs
 from tracerl.algo.losses import entropy_from_logits
+from tracerl.train import forward
 from tracerl.train.batch import PackedBatch, TrainSample, micro_batches
 from tracerl.train.forward import action_logprobs, all_logprobs, all_values
 from tracerl.train.models import value_model_from_actor
@@ -50,6 +52,34 @@ def test_logprobs_follow_the_engine_definition(
             positions = torch.arange(start + 1, start + len(s.token_ids))[mask]
             expected[positions] = entropy_from_logits(scaled[mask])
     torch.testing.assert_close(entropy, expected)
+
+
+@pytest.mark.parametrize("batching", ["pack", "bucket", "pad"])
+def test_models_that_cannot_keep_logits_by_mask_get_the_same_logprobs(
+    tiny: tuple[Any, Any], batching: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers before 5.21 reads a boolean `logits_to_keep` as positions: such a model's
+    logits are computed everywhere and masked afterwards, with the same result."""
+    model, _ = tiny
+    assert forward.keeps_logits_by_mask(type(model)) == hasattr(
+        transformers.modeling_utils, "slice_logits_to_keep"
+    )
+    assert not forward.keeps_logits_by_mask(type("Old", (torch.nn.Module,), {}))
+    seen: list[Any] = []
+    original = model.forward
+
+    def old_forward(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["logits_to_keep"])
+        return original(*args, **kwargs)
+
+    samples = single_turn(model, 1.0)
+    monkeypatch.setattr(forward, "keeps_logits_by_mask", lambda cls: False)
+    monkeypatch.setattr(model, "forward", old_forward)
+    batch = PackedBatch.build(samples, torch.device("cpu"))
+    mbs = micro_batches(batch, range(4), token_budget=16, batching=batching)  # type: ignore[arg-type]
+    lp = all_logprobs(model, mbs, batch.token_ids.numel(), 1.0, torch.device("cpu"))
+    torch.testing.assert_close(lp, batch.rollout_logprobs)
+    assert seen and all(keep == 0 for keep in seen)
 
 
 def test_packed_and_padded_values_agree(tiny: tuple[Any, Any]) -> None:
