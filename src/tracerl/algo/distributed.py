@@ -14,17 +14,25 @@ import torch.distributed as dist
 
 def all_reduce_sum(tensor: torch.Tensor, process_group: Any = None) -> torch.Tensor:
     """Sum `tensor` over the ranks of `process_group` (in place on a copy); local without one."""
-    out = tensor.clone()
-    if process_group is not None or (dist.is_available() and dist.is_initialized()):
-        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=process_group)
-    return out
+    return _all_reduce(tensor, dist.ReduceOp.SUM, process_group)
 
 
 def all_reduce_max(tensor: torch.Tensor, process_group: Any = None) -> torch.Tensor:
     """The elementwise largest `tensor` over the ranks of `process_group`; local without one."""
+    return _all_reduce(tensor, dist.ReduceOp.MAX, process_group)
+
+
+def _all_reduce(tensor: torch.Tensor, op: Any, process_group: Any) -> torch.Tensor:
+    """`op` over the ranks, on a copy. NCCL reduces CUDA tensors only: a host tensor (a count,
+    a metric) travels to this rank's GPU and back."""
+    if not (process_group is not None or (dist.is_available() and dist.is_initialized())):
+        return tensor.clone()
+    if dist.get_backend(process_group) == "nccl" and tensor.device.type != "cuda":
+        out = tensor.to(torch.device("cuda", torch.cuda.current_device()))
+        dist.all_reduce(out, op=op, group=process_group)
+        return out.to(tensor.device)
     out = tensor.clone()
-    if process_group is not None or (dist.is_available() and dist.is_initialized()):
-        dist.all_reduce(out, op=dist.ReduceOp.MAX, group=process_group)
+    dist.all_reduce(out, op=op, group=process_group)
     return out
 
 

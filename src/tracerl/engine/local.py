@@ -59,7 +59,7 @@ class LocalEngine:
 
     def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None) -> None:
         self.config = config
-        device = config.device
+        device: str = config.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = {
@@ -73,6 +73,8 @@ class LocalEngine:
             from tracerl.models import load_model_and_tokenizer
 
             model, tokenizer = load_model_and_tokenizer(config.model, device, dtype)
+        else:  # a model handed in is served where it lives (its sampling generators too)
+            device = str(next(model.parameters()).device)
         self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
         self.model_name = config.model
         native_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)

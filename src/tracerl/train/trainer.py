@@ -179,8 +179,8 @@ class Trainer:
         optimizer = {"actor": self.actor_optimizer, "critic": self.critic_optimizer}.get(name)
         if optimizer is not None:
             for state in optimizer.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                for key, value in state.items():  # `step` too: fused AdamW reads it there
+                    if isinstance(value, torch.Tensor):
                         state[key] = value.to(target, non_blocking=True)
 
     def actor_named_tensors(self) -> list[tuple[str, torch.Tensor]]:

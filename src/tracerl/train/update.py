@@ -96,11 +96,11 @@ def token_stats(x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     m = mask.bool()
     v = x.detach()[m].double()
     sums = all_reduce_sum(
-        torch.stack([torch.tensor(float(v.numel()), dtype=torch.float64), v.sum(), (v * v).sum()])
+        torch.stack([v.new_tensor(float(v.numel())), v.sum(), (v * v).sum()])
     ).tolist()
     n = max(sums[0], 1.0)
     mean = sums[1] / n
-    inf = torch.tensor(float("inf"), dtype=torch.float64)
+    inf = v.new_tensor(float("inf"))
     extremes = all_reduce_max(
         torch.stack([v.max() if v.numel() else -inf, -v.min() if v.numel() else -inf])
     )
