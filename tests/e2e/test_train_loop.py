@@ -200,7 +200,11 @@ async def test_eval_is_greedy_by_default_and_pass_at_k_samples(
             logits = model(torch.tensor([prompt])).logits[0, -1]
         assert first == [int(logits.argmax())]
         chosen = reference_logprobs(model, prompt, first, 0.0)
-        torch.testing.assert_close(chosen, torch.tensor(turn["completion_logprobs"][:1]))
+        engine_lp = torch.tensor(turn["completion_logprobs"][:1])
+        if torch.cuda.is_available():  # a bfloat16 engine on the GPU (0.017 apart on an H200)
+            torch.testing.assert_close(chosen, engine_lp, atol=0.1, rtol=0.05)
+        else:
+            torch.testing.assert_close(chosen, engine_lp)
     sampled = tmp_path / "k"
     sampled.mkdir()
     config = tiny_config(*common, "eval.samples=3", "eval.sampling.temperature=1.0")

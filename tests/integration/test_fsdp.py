@@ -80,8 +80,9 @@ def rank_main(rank: int, world_size: int, port: int, work: dict[str, Any], out: 
 
     try:
         torch.set_num_threads(1)
-        join_process_group(f"127.0.0.1:{port}", rank, world_size, "gloo", timeout_s=30)
-        result = run(Trainer(config(**work["config"]), device="cpu"), work)
+        backend = work.get("backend", "gloo")
+        join_process_group(f"127.0.0.1:{port}", rank, world_size, backend, timeout_s=30)
+        result = run(Trainer(config(**work["config"]), device=work.get("device", "cpu")), work)
         if rank == 0:
             torch.save(result, out)
     except BaseException:
@@ -96,9 +97,10 @@ def free_port() -> int:
 
 
 def on_ranks(world_size: int, work: dict[str, Any], tmp: Path) -> dict[str, Any]:
-    """`work` on a fresh process group of `world_size` ranks; rank 0's result."""
-    if world_size == 1:
-        return run(Trainer(config(**work["config"]), device="cpu"), work)
+    """`work` on a fresh process group of `world_size` ranks (one rank: in this process, with
+    no group, unless `work["spawn"]`); rank 0's result."""
+    if world_size == 1 and not work.get("spawn"):
+        return run(Trainer(config(**work["config"]), device=work.get("device", "cpu")), work)
     ctx = multiprocessing.get_context("spawn")
     out = tmp / f"result-{world_size}-{id(work)}.pt"
     port = free_port()
@@ -175,3 +177,15 @@ def test_a_checkpoint_resumes_on_another_rank_count(
         resumed_on, {"config": setup, "batches": steps[2:], "load": tmp_path / "ckpt"}, tmp_path
     )
     assert_same(resumed, {**straight, "metrics": straight["metrics"][2:]})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_one_rank_nccl_group_makes_the_single_process_step(tiny: Any, tmp_path: Path) -> None:
+    """On GPUs the trainer's collectives run over NCCL, which reduces CUDA tensors only, while
+    its counts and metrics start on the host. Sharding needs two GPUs; one rank in a group
+    runs every collective of a PPO step."""
+    work = {"config": SETUPS["ppo"], "batches": batches(2), "device": "cuda", "backend": "nccl"}
+    alone = on_ranks(1, work, tmp_path)
+    grouped = on_ranks(1, {**work, "spawn": True}, tmp_path)
+    assert_same(grouped, alone)
