@@ -8,7 +8,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-slow test-ray test-postgres \
-	test-compat test-browser
+	test-compat test-browser test-gpu
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -127,6 +127,14 @@ test: $(STAMP)
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+# On a machine with a CUDA GPU (where PyPI's torch==2.13.0 is a CUDA build): the `gpu` tests,
+# then the engine, trainer and training-loop suites, which take the GPU when there is one.
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -m gpu
+	$(BIN)/python -m pytest -q tests/unit/train tests/unit/engine tests/unit/algo \
+		tests/e2e/test_train_loop.py tests/e2e/test_sft.py tests/e2e/test_cold_start.py \
+		tests/integration/test_weight_probe.py tests/integration/test_pool.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
