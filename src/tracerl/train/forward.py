@@ -25,7 +25,7 @@ def action_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `mb`'s action tokens `[k]` (with grad if enabled), and their entropies
     `[k]` (no grad) when asked."""
-    by_mask = keeps_logits_by_mask(type(model))  # type: ignore[arg-type]
+    by_mask = keeps_logits_by_mask(model.__class__)
     logits = model(
         input_ids=mb.input_ids,
         position_ids=mb.position_ids,
