@@ -59,23 +59,24 @@ class LocalEngine:
 
     def __init__(self, config: EngineConfig, model: Any = None, tokenizer: Any = None) -> None:
         self.config = config
-        device: str = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = {
-            "float32": torch.float32,
-            "bfloat16": torch.bfloat16,
-            "float16": torch.float16,
-        }.get(config.dtype)
-        if dtype is None:
-            dtype = torch.float32 if device == "cpu" else torch.bfloat16
         if model is None or tokenizer is None:
             from tracerl.models import load_model_and_tokenizer
 
+            device = config.device
+            if device == "auto":
+                device = "cuda" if torch.cuda.is_available() else "cpu"
+            dtype = {
+                "float32": torch.float32,
+                "bfloat16": torch.bfloat16,
+                "float16": torch.float16,
+            }.get(config.dtype)
+            if dtype is None:
+                dtype = torch.float32 if device == "cpu" else torch.bfloat16
             model, tokenizer = load_model_and_tokenizer(config.model, device, dtype)
-        else:  # a model handed in is served where it lives (its sampling generators too)
-            device = str(next(model.parameters()).device)
-        self.model, self.tokenizer, self.device = model, tokenizer, torch.device(device)
+        # Served where the model lives (a model handed in too), as its runner computes there:
+        # the sampling generators must be on the same device.
+        self.model, self.tokenizer = model, tokenizer
+        self.device: torch.device = next(model.parameters()).device
         self.model_name = config.model
         native_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         self.max_model_len = config.max_model_len or native_len
