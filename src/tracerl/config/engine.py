@@ -73,6 +73,12 @@ class EngineConfig(Config):
     max_running_requests: int = Field(default=64, ge=1, le=4096)
     """Most requests decoded together in one batch."""
 
+    prefix_cache: bool = True
+    """The embedded engine keeps finished sequences' K/V (least recently used evicted first,
+    within the KV budget the running requests leave free, emptied at every weight update), so a
+    turn that extends an earlier one prefills only its new tokens, as vLLM and SGLang do. The
+    slot-cache path only (`engine.forward`); launched engines use their own."""
+
     default_max_new_tokens: int = Field(default=1024, ge=1)
     """Completion budget for requests that give no `max_new_tokens` (capped by the context):
     the embedded engine's, and vLLM's through its adapter (an agent that sends no budget, as

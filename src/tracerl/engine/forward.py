@@ -144,25 +144,45 @@ class ModelRunner:
         return x + layer.mlp(layer.post_attention_layernorm(x))
 
     @torch.inference_mode()
+    def save_prefix(self, slot: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A copy of the first `length` cached positions of `slot`, every layer's K and V."""
+        return (
+            [cache[slot, :, :length].clone() for cache in self.k_cache],
+            [cache[slot, :, :length].clone() for cache in self.v_cache],
+        )
+
+    @torch.inference_mode()
+    def load_prefix(
+        self, slot: int, saved: tuple[list[torch.Tensor], list[torch.Tensor]], length: int
+    ) -> None:
+        """Put the first `length` positions of a `save_prefix` copy into `slot`."""
+        self.ensure_capacity(length)
+        for cache, layers in zip((self.k_cache, self.v_cache), saved, strict=True):
+            for layer_cache, layer in zip(cache, layers, strict=True):
+                layer_cache[slot, :, :length] = layer[:, :length]
+
+    @torch.inference_mode()
     def forward(
         self,
         decode_tokens: torch.Tensor,
         decode_positions: torch.Tensor,
-        prefills: list[tuple[int, torch.Tensor]],
+        prefills: list[tuple[int, torch.Tensor, int]],
     ) -> torch.Tensor:
-        """One mixed step: a new token for each of slots `0..n-1`, and whole prefixes for
-        `prefills` (`(slot, ids)`, slots `>= n`). Returns logits `[n + len(prefills), V]`: the
-        decode rows, then each prefix's last position.
+        """One mixed step: a new token for each of slots `0..n-1`, and prefixes for `prefills`
+        (`(slot, ids, start)`, slots `>= n`: `ids` follow the `start` positions the slot already
+        holds, `load_prefix`'s). Returns logits `[n + len(prefills), V]`: the decode rows, then
+        each prefix's last position.
 
         Projections and MLPs run once over all tokens (one large matmul beats a small decode
         matmul plus separate prefill matmuls on a CPU); only attention is split by sequence.
         """
         n = decode_tokens.shape[0]
-        lengths = [int(ids.shape[0]) for _, ids in prefills]
-        longest = max([int(decode_positions.max()) + 1 if n else 0, *lengths])
+        lengths = [int(ids.shape[0]) for _, ids, _ in prefills]
+        spans = [(start, start + int(ids.shape[0])) for _, ids, start in prefills]
+        longest = max([int(decode_positions.max()) + 1 if n else 0, *(end for _, end in spans)])
         self.ensure_capacity(longest)
-        positions = torch.cat([decode_positions, *(self._arange[:t] for t in lengths)])
-        tokens = torch.cat([decode_tokens, *(ids for _, ids in prefills)])
+        positions = torch.cat([decode_positions, *(self._arange[s:e] for s, e in spans)])
+        tokens = torch.cat([decode_tokens, *(ids for _, ids, _ in prefills)])
         x = self.body.embed_tokens(tokens[None])  # [1, N, H]
         cos, sin = self.cos[positions], self.sin[positions]  # [N, D]
         if n:
@@ -170,6 +190,10 @@ class ModelRunner:
             decode_len = int(decode_positions.max()) + 1
             visible = self._arange[None, :decode_len] <= decode_positions[:, None]
             mask = visible[:, None, None, :]  # [n, 1, 1, L]
+        # A prefix after cached positions sees all of them and itself causally.
+        after_cache = [
+            self._arange[None, :e] <= self._arange[s:e, None] if s else None for s, e in spans
+        ]
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(x))  # [1, heads, N, D]
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
@@ -184,14 +208,23 @@ class ModelRunner:
                 grouped = q[0, :, :n].transpose(0, 1).reshape(n, self.num_kv_heads, self.group, -1)
                 out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)
                 parts.append(out.reshape(n, -1))  # [n, heads * D]
-            start = n
-            for (slot, _), t in zip(prefills, lengths, strict=True):
-                qs, ks, vs = (z[:, :, start : start + t] for z in (q, k, v))
-                self.k_cache[i][slot, :, :t] = ks[0]
-                self.v_cache[i][slot, :, :t] = vs[0]
-                out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
+            offset = n
+            for (slot, _, s), t, seen in zip(prefills, lengths, after_cache, strict=True):
+                qs, ks, vs = (z[:, :, offset : offset + t] for z in (q, k, v))
+                self.k_cache[i][slot, :, s : s + t] = ks[0]
+                self.v_cache[i][slot, :, s : s + t] = vs[0]
+                if seen is None:
+                    out = F.scaled_dot_product_attention(
+                        qs, ks, vs, is_causal=True, enable_gqa=True
+                    )
+                else:
+                    keys = self.k_cache[i][slot : slot + 1, :, : s + t]
+                    values = self.v_cache[i][slot : slot + 1, :, : s + t]
+                    out = F.scaled_dot_product_attention(
+                        qs, keys, values, attn_mask=seen, enable_gqa=True
+                    )
                 parts.append(out[0].transpose(0, 1).reshape(t, -1))  # [t, heads * D]
-                start += t
+                offset += t
             attn = torch.cat(parts)[None] if len(parts) > 1 else parts[0][None]  # [1, N, heads*D]
             x = self._mlp_residual(layer, x, attn)
         ends = torch.tensor(lengths, dtype=torch.long, device=self.device).cumsum(0) + n - 1
@@ -201,7 +234,7 @@ class ModelRunner:
     def prefill(self, slot: int, input_ids: torch.Tensor) -> torch.Tensor:
         """One sequence's full prefix into `slot`; the last position's logits `[V]`."""
         empty = torch.empty(0, dtype=torch.long, device=self.device)
-        return self.forward(empty, empty, [(slot, input_ids)])[0]
+        return self.forward(empty, empty, [(slot, input_ids, 0)])[0]
 
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One step for slots `0..n-1`: token `i` sits at `positions[i]`; logits `[n, V]`."""

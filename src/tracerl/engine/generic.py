@@ -44,10 +44,11 @@ class GenericRunner:
         self,
         decode_tokens: torch.Tensor,
         decode_positions: torch.Tensor,
-        prefills: list[tuple[int, torch.Tensor]],
+        prefills: list[tuple[int, torch.Tensor, int]],
     ) -> torch.Tensor:
         """As `ModelRunner.forward`: a new token for slots `0..n-1` (at `decode_positions`),
-        and whole prefixes for `prefills`; logits `[n + len(prefills), V]`."""
+        and whole prefixes for `prefills` (no prefix cache here: every `start` is 0); logits
+        `[n + len(prefills), V]`."""
         from transformers import DynamicCache
 
         rows = []
@@ -57,7 +58,9 @@ class GenericRunner:
                     f"slot {slot} holds {self.lengths[slot]} tokens, decode at {int(position)}"
                 )
             rows.append(self._run(slot, token[None]))
-        for slot, ids in prefills:
+        for slot, ids, start in prefills:
+            if start:
+                raise RuntimeError("the generic path keeps no prefix cache: a prefill starts at 0")
             self.caches[slot] = DynamicCache(config=self.model.config)
             self.lengths[slot] = 0
             rows.append(self._run(slot, ids))

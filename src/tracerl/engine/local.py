@@ -102,7 +102,9 @@ class LocalEngine:
         )
         self._stopping = False
         # Owned by the scheduler thread.
-        self.scheduler = Scheduler(self.runner, config.kv_cache_tokens, self.max_model_len)
+        self.scheduler = Scheduler(
+            self.runner, config.kv_cache_tokens, self.max_model_len, config.prefix_cache
+        )
         self._in_flight: set[str] = set()
         self._outbox: list[tuple[asyncio.Queue[Any], Any]] = []  # scheduler thread only
         self._thread: threading.Thread | None = None
@@ -376,6 +378,7 @@ class LocalEngine:
 
     def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         copy_weights(self.model, tensors)
+        self.scheduler.clear_prefix_cache()  # its K/V came from the old weights
         self.weight_version = self.scheduler.weight_version = version
 
     def _publish_stats(self) -> None:
@@ -390,6 +393,8 @@ class LocalEngine:
             s.preemptions_total = sched.counters.preemptions
             s.prompt_tokens_total = sched.counters.prompt_tokens
             s.generation_tokens_total = sched.counters.generated_tokens
+            s.prefix_cache_queries_total = sched.counters.prefix_queries
+            s.prefix_cache_hits_total = sched.counters.prefix_hits
             s.finished_total = dict(sched.counters.finished)
             s.weight_version = self.weight_version
             s.paused = sched.pause_mode is not None

@@ -49,6 +49,16 @@ class _Snapshot(Collector):
         yield counter("vllm:num_preemptions", "Preempted requests.", s.preemptions_total)
         yield counter("vllm:prompt_tokens", "Prefilled prompt tokens.", s.prompt_tokens_total)
         yield counter("vllm:generation_tokens", "Generated tokens.", s.generation_tokens_total)
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            s.prefix_cache_queries_total,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache.",
+            s.prefix_cache_hits_total,
+        )
         cache = GaugeMetricFamily(
             "vllm:cache_config_info",
             "KV cache configuration.",

@@ -10,6 +10,12 @@ thread, and every result leaves through each sequence's `emit` callback. Each `s
 3. runs one forward pass that decodes a token for every running sequence and prefills the
    admitted ones, samples every row, and releases finished sequences.
 
+With a prefix cache (`engine.prefix_cache`, the slot-cache path only: `tracerl.engine.prefix_cache`)
+a finished sequence's K/V is kept, and an admitted sequence that shares a prefix with a kept one
+(the next turn of a multi-turn episode, another sample of a prompt) prefills only the tokens
+after it. The cache lives in the KV
+budget the running sequences leave free, and is emptied when the weights change.
+
 Sequences therefore join and leave the batch at every step, and no compute is spent on padding or
 on finished rows.
 """
@@ -28,6 +34,7 @@ from tracerl.engine.admission import admissible, preemption_victims
 from tracerl.engine.constraint import JsonConstraint
 from tracerl.engine.forward import ModelRunner
 from tracerl.engine.generic import GenericRunner
+from tracerl.engine.prefix_cache import PrefixCache
 from tracerl.engine.protocol import PAUSE_MODES, PauseMode
 from tracerl.engine.sampling import RowSampling, sample
 from tracerl.engine.types import FinishType, GenerateOutput, RequestError
@@ -57,6 +64,8 @@ class Sequence:
     finish: FinishType | None = None
     matched: int | None = None
     prompt_counted: bool = False
+    cached: int = 0
+    """Leading tokens its last admission found in the prefix cache (not prefilled again)."""
 
     @property
     def tokens(self) -> list[int]:
@@ -73,13 +82,24 @@ class SchedulerCounters:
     generated_tokens: int = 0
     preemptions: int = 0
     finished: dict[str, int] = field(default_factory=dict)
+    prefix_queries: int = 0
+    """Tokens of admitted sequences looked up in the prefix cache."""
+    prefix_hits: int = 0
+    """Of those, tokens found there (their prefill skipped)."""
 
 
 class Scheduler:
     def __init__(
-        self, runner: ModelRunner | GenericRunner, kv_budget: int, max_model_len: int
+        self,
+        runner: ModelRunner | GenericRunner,
+        kv_budget: int,
+        max_model_len: int,
+        prefix_cache: bool = False,
     ) -> None:
         self.runner = runner
+        self.prefix_cache: PrefixCache[Any] | None = (
+            PrefixCache() if prefix_cache and isinstance(runner, ModelRunner) else None
+        )
         self.kv_budget = kv_budget
         self.max_model_len = max_model_len
         self.device = runner.device
@@ -108,7 +128,7 @@ class Scheduler:
         tokens = torch.tensor([s.output[-1] for s in decoding], dtype=torch.long, device=device)
         positions = torch.tensor([s.kv_len for s in decoding], dtype=torch.long, device=device)
         prefills = [
-            (len(decoding) + j, torch.tensor(s.tokens, device=device))
+            (len(decoding) + j, torch.tensor(s.tokens[s.cached :], device=device), s.cached)
             for j, s in enumerate(admitted)
         ]
         logits = self.runner.forward(tokens, positions, prefills)
@@ -117,7 +137,43 @@ class Scheduler:
         for seq in admitted:
             seq.kv_len = len(seq.tokens)
         self._accept(decoding + admitted, logits)
+        self._evict()
         return True
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prefix (their K/V came from weights no longer served)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+
+    def _evict(self) -> None:
+        """Shrink the prefix cache into the KV the running sequences leave free, keeping room
+        for each to write its next token."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.evict(self.kv_budget - self.kv_used() - len(self.running))
+
+    def _take_prefix(self, seq: Sequence, slot: int) -> None:
+        """Load the longest cached prefix of `seq`'s tokens into `slot`, if there is one."""
+        seq.cached = 0
+        if self.prefix_cache is None:
+            return
+        tokens = seq.tokens
+        found, saved = self.prefix_cache.take(tokens, share=True)
+        self.counters.prefix_queries += len(tokens)
+        if saved is not None and found:
+            assert isinstance(self.runner, ModelRunner)
+            self.runner.load_prefix(slot, saved, found)
+            seq.cached = found
+            self.counters.prefix_hits += found
+
+    def _keep_prefix(self, seq: Sequence) -> None:
+        """Cache a sequence that finished normally: its tokens that have K/V (all but the last
+        sampled one)."""
+        if self.prefix_cache is None or seq.finish not in ("stop", "length"):
+            return
+        assert isinstance(self.runner, ModelRunner)
+        slot = self.running.index(seq)
+        saved = self.runner.save_prefix(slot, seq.kv_len)
+        self.prefix_cache.put(seq.tokens[: seq.kv_len], saved)
 
     def _admit(self) -> list[Sequence]:
         """Take waiting sequences into free slots while the KV budget holds their prefix plus
@@ -134,11 +190,13 @@ class Scheduler:
         for _ in range(count):
             seq = self.waiting.popleft()
             self.running.append(seq)
+            self._take_prefix(seq, len(self.running) - 1)
             seq.admit_order = next(self._admit_counter)
             if not seq.prompt_counted:
                 seq.prompt_counted = True
                 self.counters.prompt_tokens += len(seq.prompt)
             admitted.append(seq)
+        self._evict()
         return admitted
 
     def _make_room_for_decode(self) -> None:
@@ -169,6 +227,7 @@ class Scheduler:
         for seq in batch:
             self._emit(seq)
             if seq.finish is not None:
+                self._keep_prefix(seq)
                 self._release(seq)
 
     def _emit(self, seq: Sequence) -> None:

@@ -29,7 +29,7 @@ import os
 import random
 import sys
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +40,7 @@ from aiohttp import web
 from tracerl.config import SimEngineConfig
 from tracerl.engine.admission import admissible, preemption_victims
 from tracerl.engine.metrics import render_metrics
+from tracerl.engine.prefix_cache import PrefixCache
 from tracerl.engine.protocol import PAUSE_MODES, PauseMode, collect
 from tracerl.engine.types import (
     EngineStats,
@@ -55,8 +56,6 @@ from tracerl.engine.types import (
 CRASH_EXIT_CODE = 17
 # Simulated time a weight update takes (the engine is paused meanwhile by its caller).
 WEIGHT_UPDATE_S = 1.0
-# Prompt tokens that key a prefix-cache lookup (candidates are then compared in full).
-PREFIX_KEY_TOKENS = 16
 
 
 @dataclass
@@ -103,11 +102,7 @@ class SimEngine:
             kv_capacity_tokens=config.kv_cache_tokens, max_model_len=config.max_model_len
         )
         self._admit_counter = 0
-        # prefix cache: entry id -> token ids (LRU order), and lookup key -> entry ids
-        self._cache: OrderedDict[int, list[int]] = OrderedDict()
-        self._cache_keys: dict[tuple[int, ...], set[int]] = {}
-        self._cache_tokens = 0
-        self._cache_ids = 0
+        self._cache: PrefixCache[None] = PrefixCache()
         self._wake: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._clock: Callable[[], float] = time.monotonic
@@ -254,6 +249,7 @@ class SimEngine:
             raise WeightLoadError("simulated failure to load weights")
         await asyncio.sleep(WEIGHT_UPDATE_S / self.config.time_scale)
         self.weight_version = weight_version
+        self._cache.clear()  # K/V of the old weights serves no request after the update
         self._publish()
 
     async def health(self) -> bool:
@@ -327,7 +323,8 @@ class SimEngine:
                 self._emit(seq)
                 if seq.finish is not None:
                     self._running.remove(seq)
-                    self._cache_put(seq.prompt_ids + seq.output)
+                    if c.prefix_cache:
+                        self._cache.put(seq.prompt_ids + seq.output, None)
             self._evict()
             self._publish()
 
@@ -344,50 +341,17 @@ class SimEngine:
                 seq.prompt_counted = True
                 self._stats.prompt_tokens_total += seq.prompt_len
             # a preempted sequence lost its blocks: only a first admission can hit the cache
-            seq.cached = self._cache_take(seq.prompt_ids) if not seq.output else 0
+            seq.cached = self._cache.take(seq.prompt_ids)[0] if not seq.output else 0
+            if c.prefix_cache:
+                self._stats.prefix_cache_queries_total += seq.prompt_len
+                self._stats.prefix_cache_hits_total += seq.cached
             admitted.append(seq)
         self._evict()
         return admitted
 
-    # ------------------------------------------------------------------ the prefix cache
-
-    def _cache_put(self, ids: list[int]) -> None:
-        if not self.config.prefix_cache or len(ids) < PREFIX_KEY_TOKENS:
-            return
-        key = tuple(ids[:PREFIX_KEY_TOKENS])
-        entries = self._cache_keys.setdefault(key, set())
-        for old in [e for e in entries if ids[: len(self._cache[e])] == self._cache[e]]:
-            self._cache_drop(key, old)  # the new entry extends it
-        self._cache_ids += 1
-        self._cache[self._cache_ids] = ids
-        entries.add(self._cache_ids)
-        self._cache_tokens += len(ids)
-
-    def _cache_take(self, prompt: list[int]) -> int:
-        """Tokens of `prompt` found cached; the entry's blocks now belong to the sequence."""
-        entries = self._cache_keys.get(tuple(prompt[:PREFIX_KEY_TOKENS]))
-        if not entries:
-            return 0
-        hits = [e for e in entries if prompt[: len(self._cache[e])] == self._cache[e]]
-        if not hits:
-            return 0
-        best = max(hits, key=lambda e: len(self._cache[e]))
-        length = len(self._cache[best])
-        self._cache_drop(tuple(prompt[:PREFIX_KEY_TOKENS]), best)
-        return min(length, len(prompt) - 1)  # the last prompt token is always computed
-
-    def _cache_drop(self, key: tuple[int, ...], entry: int) -> None:
-        self._cache_tokens -= len(self._cache.pop(entry))
-        self._cache_keys[key].discard(entry)
-        if not self._cache_keys[key]:
-            del self._cache_keys[key]
-
     def _evict(self) -> None:
         """Least recently cached first, until the cache fits in the KV the running don't use."""
-        room = self.config.kv_cache_tokens - self._kv_used() - len(self._running)
-        while self._cache and self._cache_tokens > max(0, room):
-            entry, ids = next(iter(self._cache.items()))
-            self._cache_drop(tuple(ids[:PREFIX_KEY_TOKENS]), entry)
+        self._cache.evict(self.config.kv_cache_tokens - self._kv_used() - len(self._running))
 
     def _sample(self, seq: _SimSequence) -> None:
         c = self.config

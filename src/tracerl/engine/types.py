@@ -172,6 +172,10 @@ class EngineStats:
     preemptions_total: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+    prefix_cache_queries_total: int = 0
+    """Prompt tokens looked up in the prefix cache."""
+    prefix_cache_hits_total: int = 0
+    """Of those, tokens the cache held (not prefilled again)."""
     finished_total: dict[str, int] = field(default_factory=dict)
     weight_version: int = 0
     paused: bool = False

@@ -20,7 +20,7 @@ def test_mixed_step_matches_separate_full_forwards(tiny) -> None:
     first = runner.forward(
         torch.empty(0, dtype=torch.long),
         torch.empty(0, dtype=torch.long),
-        [(0, torch.tensor(seqs[0])), (1, torch.tensor(seqs[1]))],
+        [(0, torch.tensor(seqs[0]), 0), (1, torch.tensor(seqs[1]), 0)],
     )
     for row, seq in enumerate(seqs):
         torch.testing.assert_close(first[row], full_logits(model, seq))
@@ -30,7 +30,7 @@ def test_mixed_step_matches_separate_full_forwards(tiny) -> None:
     out = runner.forward(
         torch.tensor(nxt),
         torch.tensor([len(s) for s in seqs]),
-        [(2, torch.tensor(new[0])), (3, torch.tensor(new[1]))],
+        [(2, torch.tensor(new[0]), 0), (3, torch.tensor(new[1]), 0)],
     )
     for row, seq in enumerate([seqs[0] + [nxt[0]], seqs[1] + [nxt[1]], *new]):
         torch.testing.assert_close(out[row], full_logits(model, seq))
@@ -46,7 +46,7 @@ def test_cache_growth_and_slot_moves_keep_results_exact(tiny) -> None:
     logits = runner.forward(
         torch.empty(0, dtype=torch.long),
         torch.empty(0, dtype=torch.long),
-        [(i, torch.tensor(s)) for i, s in enumerate(seqs)],
+        [(i, torch.tensor(s), 0) for i, s in enumerate(seqs)],
     )
     for _ in range(5):  # slot 0 crosses the initial capacity, which doubles
         nxt = logits.argmax(-1).tolist()
@@ -65,3 +65,30 @@ def test_cache_growth_and_slot_moves_keep_results_exact(tiny) -> None:
     out = runner.forward(torch.tensor(nxt), positions, [])
     for row, seq in enumerate(seqs):
         torch.testing.assert_close(out[row], full_logits(model, seq))
+
+
+def test_a_prefill_after_a_loaded_prefix_matches_the_full_forward(tiny) -> None:
+    """A kept prefix (computed partly by decode steps) loaded into another slot, then only the
+    new tokens prefilled beside a decode row: the same logits as the whole sequence's forward."""
+    model, _ = tiny
+    runner = ModelRunner(model, max_slots=3, max_model_len=1024)
+    g = torch.Generator().manual_seed(2)
+    first = torch.randint(0, 49152, (40,), generator=g).tolist()
+    other = torch.randint(0, 49152, (9,), generator=g).tolist()
+    empty = torch.empty(0, dtype=torch.long)
+    logits = runner.forward(empty, empty, [(0, torch.tensor(first), 0)])
+    for _ in range(3):  # the turn's completion: its K/V written by decode steps
+        first.append(int(logits[0].argmax()))
+        logits = runner.forward(torch.tensor(first[-1:]), torch.tensor([len(first) - 1]), [])
+    kept = runner.save_prefix(0, len(first))
+    runner.forward(empty, empty, [(0, torch.tensor(other), 0)])  # slot 0 now holds other work
+    turn = first + torch.randint(0, 49152, (INITIAL_CAPACITY,), generator=g).tolist()
+    runner.load_prefix(1, kept, len(first) - 5)  # part of the kept prefix: the rest recomputed
+    out = runner.forward(
+        torch.tensor([7]),
+        torch.tensor([len(other)]),
+        [(1, torch.tensor(turn[len(first) - 5 :]), len(first) - 5)],
+    )
+    assert runner.capacity == 2 * INITIAL_CAPACITY  # the new turn outgrew the first capacity
+    torch.testing.assert_close(out[0], full_logits(model, [*other, 7]))
+    torch.testing.assert_close(out[1], full_logits(model, turn))

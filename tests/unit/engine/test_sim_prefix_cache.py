@@ -70,3 +70,28 @@ def test_an_extending_turn_prefills_only_its_new_tokens() -> None:
 
 def test_kv_pressure_evicts_the_cache() -> None:
     assert second_turn_wait(cache=True, pressure=True) > 1000 * PREFILL_S
+
+
+def later_turn_waits(update_before_last: bool) -> list[float]:
+    """First-token waits of turns 2 and 3 of one episode, optionally after a weight update."""
+
+    async def main() -> list[float]:
+        engine = SimEngine(config())
+        _, context = await first_token_s(engine, "turn0", prompt(1000, 1))
+        waits = []
+        for turn in (1, 2):
+            if update_before_last and turn == 2:
+                await engine.update_weights((), weight_version=1)
+            wait, context = await first_token_s(engine, f"turn{turn}", context + prompt(10, turn))
+            waits.append(wait)
+        await engine.close()
+        return waits
+
+    return run_virtual(main())
+
+
+def test_every_later_turn_hits_and_a_weight_update_empties_the_cache() -> None:
+    assert all(wait < 20 * PREFILL_S for wait in later_turn_waits(update_before_last=False))
+    second, third = later_turn_waits(update_before_last=True)
+    assert second < 20 * PREFILL_S
+    assert third > 1000 * PREFILL_S  # the K/V of the old weights serves no request
