@@ -16,7 +16,9 @@ What each part of the protocol maps onto (the server runs with `--enable-scale-o
 - pause / resume: `POST /pause?mode=keep&clear_cache=false` (in place: requests keep their KV;
   vLLM's default `clear_cache` would preempt them all) or `mode=abort`, and `POST /resume`.
 - weights from disk: `POST /collective_rpc` `reload_weights(weights_path=...)` (in place, no
-  restart), then `POST /update_weight_version`; the version is read back from `/weight_info`.
+  restart), `POST /reset_prefix_cache?reset_running_requests=true` (vLLM keeps its prefix
+  cache across a reload), then `POST /update_weight_version`; the version is read back from
+  `/weight_info`.
 - `/health`; `health_generate` generates one token; `model_info` reads `/v1/models` and
   `/weight_info`; `/metrics` is vLLM's own, the names the collector reads, plus
   `tracerl:paused` from `/is_paused`.
@@ -208,6 +210,10 @@ class VLLMClient(EngineClient):
             )
         except EngineHTTPError as e:
             raise WeightLoadError(f"vLLM could not load {model_path}: {e.body}") from None
+        # vLLM keeps its prefix cache across a reload: K/V the old weights computed would serve
+        # the next request that shares a prefix. It can only be emptied with every block free,
+        # so the running requests are preempted too (vLLM recomputes them, under the new weights).
+        await self._request("POST", "/reset_prefix_cache?reset_running_requests=true", {})
         await self._request("POST", "/update_weight_version", {"new_version": str(weight_version)})
         self._weight_version = weight_version
 
