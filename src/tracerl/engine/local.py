@@ -378,7 +378,7 @@ class LocalEngine:
 
     def _load_weights(self, tensors: dict[str, torch.Tensor], version: int) -> None:
         copy_weights(self.model, tensors)
-        self.scheduler.clear_prefix_cache()  # its K/V came from the old weights
+        self.scheduler.weights_changed()  # cached K/V came from the old weights
         self.weight_version = self.scheduler.weight_version = version
 
     def _publish_stats(self) -> None:

@@ -13,8 +13,9 @@ thread, and every result leaves through each sequence's `emit` callback. Each `s
 With a prefix cache (`engine.prefix_cache`, the slot-cache path only: `tracerl.engine.prefix_cache`)
 a finished sequence's K/V is kept, and an admitted sequence that shares a prefix with a kept one
 (the next turn of a multi-turn episode, another sample of a prompt) prefills only the tokens
-after it. The cache lives in the KV
-budget the running sequences leave free, and is emptied when the weights change.
+after it. The cache lives in the KV budget the running sequences leave free. When the weights
+change it is emptied, and a sequence that was running then is not kept: part of its K/V came
+from the old weights.
 
 Sequences therefore join and leave the batch at every step, and no compute is spent on padding or
 on finished rows.
@@ -66,6 +67,8 @@ class Sequence:
     prompt_counted: bool = False
     cached: int = 0
     """Leading tokens its last admission found in the prefix cache (not prefilled again)."""
+    weights_epoch: int = 0
+    """The scheduler's count of weight changes when it was last admitted."""
 
     @property
     def tokens(self) -> list[int]:
@@ -100,6 +103,7 @@ class Scheduler:
         self.prefix_cache: PrefixCache[Any] | None = (
             PrefixCache() if prefix_cache and isinstance(runner, ModelRunner) else None
         )
+        self._weights_epoch = 0
         self.kv_budget = kv_budget
         self.max_model_len = max_model_len
         self.device = runner.device
@@ -140,8 +144,10 @@ class Scheduler:
         self._evict()
         return True
 
-    def clear_prefix_cache(self) -> None:
-        """Forget every cached prefix (their K/V came from weights no longer served)."""
+    def weights_changed(self) -> None:
+        """Forget every cached prefix, and never keep a sequence running now: their K/V came
+        (in part) from weights no longer served."""
+        self._weights_epoch += 1
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
@@ -154,6 +160,7 @@ class Scheduler:
     def _take_prefix(self, seq: Sequence, slot: int) -> None:
         """Load the longest cached prefix of `seq`'s tokens into `slot`, if there is one."""
         seq.cached = 0
+        seq.weights_epoch = self._weights_epoch
         if self.prefix_cache is None:
             return
         tokens = seq.tokens
@@ -166,10 +173,12 @@ class Scheduler:
             self.counters.prefix_hits += found
 
     def _keep_prefix(self, seq: Sequence) -> None:
-        """Cache a sequence that finished normally: its tokens that have K/V (all but the last
-        sampled one)."""
+        """Cache a sequence that finished normally under the weights it was admitted with: its
+        tokens that have K/V (all but the last sampled one)."""
         if self.prefix_cache is None or seq.finish not in ("stop", "length"):
             return
+        if seq.weights_epoch != self._weights_epoch:
+            return  # admitted before the weights changed: part of its K/V is theirs
         assert isinstance(self.runner, ModelRunner)
         slot = self.running.index(seq)
         saved = self.runner.save_prefix(slot, seq.kv_len)

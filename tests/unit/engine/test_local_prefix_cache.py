@@ -4,9 +4,12 @@ generic path and `engine.prefix_cache = false` all mean a full prefill."""
 
 from __future__ import annotations
 
+import asyncio
+
 import torch
 
 from tests.conftest import reference_logprobs
+from tests.waiting import wait_until
 from tracerl.engine.types import GenerateOutput, GenerateRequest
 
 
@@ -61,21 +64,35 @@ async def test_a_shared_prefix_counts_even_where_the_turns_differ_after_it(make_
     torch.testing.assert_close(torch.tensor(out.output_logprobs), expected)
 
 
+async def update(engine, version: int = 1) -> None:
+    g = torch.Generator().manual_seed(5)
+    new = [
+        (n, p.detach() + 0.05 * torch.randn(p.shape, generator=g))
+        for n, p in engine.model.named_parameters()
+    ]
+    await engine.update_weights(new, weight_version=version)
+
+
 async def test_a_weight_update_empties_the_cache(make_engine) -> None:
     engine = make_engine()
-
-    async def update(engine) -> None:
-        g = torch.Generator().manual_seed(5)
-        new = [
-            (n, p.detach() + 0.05 * torch.randn(p.shape, generator=g))
-            for n, p in engine.model.named_parameters()
-        ]
-        await engine.update_weights(new, weight_version=1)
-
     turn, out = await two_turns(engine, between=update)
     assert hits(engine) == 0
     expected = reference_logprobs(engine.model, turn, out.output_ids, 1.0)
     torch.testing.assert_close(torch.tensor(out.output_logprobs), expected)
+
+
+async def test_a_turn_that_ran_across_an_update_is_not_kept(make_engine) -> None:
+    """Its K/V is part old weights, part new: a next turn must not reuse it."""
+    engine = make_engine()
+    first = prompt(40, 100)
+    running = asyncio.create_task(engine.generate(req(first, new=200)))
+    await wait_until(lambda: engine.stats().generation_tokens_total >= 20)
+    await update(engine)
+    out = await running
+    assert out.weight_version == 1  # it finished under the new weights
+    turn = first + out.output_ids + prompt(10, 900)
+    await engine.generate(req(turn, seed=1))
+    assert hits(engine) == 0
 
 
 async def test_kv_pressure_evicts_the_cache(make_engine) -> None:
