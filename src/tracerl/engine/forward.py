@@ -177,8 +177,8 @@ class ModelRunner:
         matmul plus separate prefill matmuls on a CPU); only attention is split by sequence.
         """
         n = decode_tokens.shape[0]
-        lengths = [int(ids.shape[0]) for _, ids, _ in prefills]
         spans = [(start, start + int(ids.shape[0])) for _, ids, start in prefills]
+        lengths = [e - s for s, e in spans]
         longest = max([int(decode_positions.max()) + 1 if n else 0, *(end for _, end in spans)])
         self.ensure_capacity(longest)
         positions = torch.cat([decode_positions, *(self._arange[s:e] for s, e in spans)])
