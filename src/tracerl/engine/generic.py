@@ -14,6 +14,7 @@ sequence per step (`tracerl bench engine` measures it against the slot cache).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -29,13 +30,16 @@ class GenericRunner:
         self.device, self.dtype = param.device, param.dtype
         self.caches: list[Any] = [None] * max_slots
         self.lengths = [0] * max_slots
+        # transformers renamed the forward's `past_key_values` (and the output's field) `cache`
+        # during 5.x; tracerl allows either side of it (vLLM's CPU build pins transformers<5.20).
+        renamed = "cache" in inspect.signature(model.forward).parameters
+        self._cache_name = "cache" if renamed else "past_key_values"
 
     def _run(self, slot: int, ids: torch.Tensor) -> torch.Tensor:
         """`ids` after what slot `slot` holds; the last position's logits `[V]`."""
-        out = self.model(
-            input_ids=ids[None], cache=self.caches[slot], use_cache=True, logits_to_keep=1
-        )
-        self.caches[slot] = out.cache
+        cache = {self._cache_name: self.caches[slot]}
+        out = self.model(input_ids=ids[None], **cache, use_cache=True, logits_to_keep=1)
+        self.caches[slot] = getattr(out, self._cache_name)
         self.lengths[slot] += int(ids.shape[0])
         return out.logits[0, -1].float()
 
