@@ -62,7 +62,13 @@ from tracerl.envs import EpisodeResult, load_dataset, make_environment
 from tracerl.run import engines, gateways, probe, trainers
 from tracerl.run.episode_log import EpisodeLog
 from tracerl.run.evals import Evals
-from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s, truncate_metrics
+from tracerl.run.metrics import (
+    MetricsLog,
+    Progress,
+    process_elapsed_s,
+    process_memory,
+    truncate_metrics,
+)
 from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout, env_metrics
 from tracerl.run.spans import record_step
 from tracerl.telemetry import Telemetry, start_telemetry
@@ -451,6 +457,7 @@ class RLLoop:
                 "rollout/staleness_mean": statistics.fmean(stale),
                 "rollout/staleness_max": max(stale),
                 "time/elapsed_s": process_elapsed_s(),
+                **process_memory(),
                 "time/wait_rollouts_s": wait_s,
                 "time/train_s": train_s,
                 "time/weight_sync_s": sync_s,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -177,3 +178,18 @@ def process_elapsed_s() -> float:
 
 
 _IMPORTED_AT = time.monotonic()
+
+
+def process_memory() -> dict[str, float]:
+    """This process's resident memory, GiB: now (`memory/rss_gib`, from /proc; Linux only) and
+    its peak so far (`memory/rss_peak_gib`, the kernel's). Where the embedded engine and the
+    trainer run in the loop's process, both are in it."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    out = {"memory/rss_peak_gib": peak / (2**30 if sys.platform == "darwin" else 2**20)}
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return out  # no /proc: the peak alone
+    out["memory/rss_gib"] = pages * os.sysconf("SC_PAGE_SIZE") / 2**30
+    return out
