@@ -11,10 +11,11 @@ event and no end marker when the engine reply cannot be traced or recording fail
 disconnects mid-stream does not stop the generation: it is drained and recorded with
 `client_disconnected: true`.
 
-One module of ~590 lines: the HTTP surface (auth, sessions, classification, the traced
+One module of ~560 lines: the HTTP surface (auth, sessions, classification, the traced
 generation and its streaming) shares one Gateway's state; the API shapes live in the dialect
 modules, the shared replies (errors, access log) in `replies.py`, the prompt planning (forced
-calls included) and token budget in `session.py` and the request spans (telemetry) in `spans.py`.
+calls included), token budget and turn recording in `session.py` and the request spans
+(telemetry) in `spans.py`.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ from tracerl.gateway.responses_api import DIALECT as RESPONSES
 from tracerl.gateway.responses_api import PreviousNotFound, chain, with_references_resolved
 from tracerl.gateway.session import (
     PendingTurn,
-    RecordedTurn,
     SessionState,
+    commit_turn,
     constrain,
     fit_budget,
     forced_call_of,
@@ -74,7 +75,6 @@ from tracerl.gateway.session import (
 from tracerl.gateway.spans import end_request_span, request_span
 from tracerl.gateway.store import StoreError, TraceStore
 from tracerl.telemetry import Span, Telemetry, valid_traceparent
-from tracerl.trace.schema import Turn
 
 log = logging.getLogger(__name__)
 
@@ -541,58 +541,13 @@ class Gateway:
         """Commit the turn; on failure log it and return the message the caller must see."""
         assert turn.state is not None
         try:
-            await self._commit(turn.state, turn, outcome, response, client_disconnected)
+            await commit_turn(self.store, turn, outcome, response, client_disconnected)
         except Exception as e:
             log.exception("recording a turn of session %s failed", turn.state.session_id)
             self.counters["record_failed"] += 1
             return f"the turn could not be recorded: {e}"
-        return None
-
-    async def _commit(
-        self,
-        state: SessionState,
-        turn: PendingTurn,
-        outcome: Outcome,
-        response: dict[str, Any],
-        client_disconnected: bool,
-    ) -> None:
-        c, prompt = outcome.completion, turn.prompt
-        async with state.lock:
-            # Every field comes from the gateway's own typed values: no re-validation of the
-            # thousands of ids per turn (the store validates what it reads back).
-            recorded = Turn.model_construct(
-                index=state.next_index,
-                endpoint=turn.dialect.endpoint,
-                prompt_ids=prompt.ids,
-                completion_ids=c.ids,
-                completion_logprobs=c.logprobs,
-                finish_reason=outcome.finish,
-                weight_version=c.weight_version,
-                weight_version_min=c.weight_version_min,
-                client_disconnected=client_disconnected,
-                request=turn.body,
-                response=response,
-                parent=prompt.parent,
-                bridged=prompt.bridged,
-                fork_reason=prompt.fork_reason,
-                demonstration=turn.demonstration is not None,
-                max_new_tokens=turn.parsed.spec.max_new_tokens,
-            )
-            await self.store.append_turn(state.session_id, recorded)
-            state.next_index += 1
-            start = len(prompt.text) - len(turn.forced)  # a forced prefix belongs to the reply
-            state.remember(
-                RecordedTurn(
-                    recorded.index,
-                    prompt.text + c.full_text,
-                    prompt.ids + c.ids,
-                    start,
-                    prompt.template,
-                ),
-                outcome.returned_message(),
-                turn.forced + c.raw,  # the assistant message as re-rendered: prefix included
-            )
         self.counters["turns_recorded"] += 1
+        return None
 
 
 def engine_rid(sid: str | None, response_id: str) -> str:

@@ -20,8 +20,8 @@ Either way a turn that starts a new trajectory in a session with recorded turns 
 
 `forced_call_of` gives the prefix and schema of a tool call the request forces, `constrain`
 picks the JSON schema the engine enforces on the reply, `fit_budget` fits a request's token
-budget into the context its prompt leaves, and a `PendingTurn` is what recording the request's
-turn will need.
+budget into the context its prompt leaves, a `PendingTurn` is what recording the request's
+turn will need, and `commit_turn` records it.
 
 The state lives in memory; after a gateway restart a session's next turn starts a new trajectory
 (its earlier turns stay recorded).
@@ -34,13 +34,17 @@ import json
 import re
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracerl.formats import ChatFormat, ForcedCall
 from tracerl.gateway.api import ANY_TOOL, ApiRequest, Dialect, Outcome
 from tracerl.gateway.generation import Completion
 from tracerl.gateway.messages import BadRequest, canonical_assistant
 from tracerl.gateway.render import ChatRenderer
+from tracerl.trace.schema import Turn
+
+if TYPE_CHECKING:
+    from tracerl.gateway.store import TraceStore
 
 # Recorded turns searched for a prefix, newest first; older ones are forks too far back to matter.
 MAX_PARENT_CANDIDATES = 64
@@ -321,3 +325,52 @@ class PendingTurn:
             parsed = chat_format.parse(sampled, cut, tools)
         ids = [self.dialect.new_tool_call_id() for _ in parsed.tool_calls]
         return Outcome(completion, parsed, ids)
+
+
+async def commit_turn(
+    store: TraceStore,
+    turn: PendingTurn,
+    outcome: Outcome,
+    response: dict[str, Any],
+    client_disconnected: bool,
+) -> None:
+    """Append `turn` to its session's trace (the sampled ids and log-probs as the engine returned
+    them) and remember its text and ids, so the session's next turn can continue it."""
+    state = turn.state
+    assert state is not None
+    c, prompt = outcome.completion, turn.prompt
+    async with state.lock:
+        # Every field comes from the gateway's own typed values: no re-validation of the
+        # thousands of ids per turn (the store validates what it reads back).
+        recorded = Turn.model_construct(
+            index=state.next_index,
+            endpoint=turn.dialect.endpoint,
+            prompt_ids=prompt.ids,
+            completion_ids=c.ids,
+            completion_logprobs=c.logprobs,
+            finish_reason=outcome.finish,
+            weight_version=c.weight_version,
+            weight_version_min=c.weight_version_min,
+            client_disconnected=client_disconnected,
+            request=turn.body,
+            response=response,
+            parent=prompt.parent,
+            bridged=prompt.bridged,
+            fork_reason=prompt.fork_reason,
+            demonstration=turn.demonstration is not None,
+            max_new_tokens=turn.parsed.spec.max_new_tokens,
+        )
+        await store.append_turn(state.session_id, recorded)
+        state.next_index += 1
+        start = len(prompt.text) - len(turn.forced)  # a forced prefix belongs to the reply
+        state.remember(
+            RecordedTurn(
+                recorded.index,
+                prompt.text + c.full_text,
+                prompt.ids + c.ids,
+                start,
+                prompt.template,
+            ),
+            outcome.returned_message(),
+            turn.forced + c.raw,  # the assistant message as re-rendered: prefix included
+        )

@@ -69,10 +69,10 @@ from tracerl.run.metrics import (
     process_memory,
     truncate_metrics,
 )
-from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout, env_metrics
+from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout, rollout_metrics
 from tracerl.run.spans import record_step
 from tracerl.telemetry import Telemetry, start_telemetry
-from tracerl.trace.versions import oldest_trainable, staleness
+from tracerl.trace.versions import oldest_trainable
 
 if TYPE_CHECKING:  # torch and the servers load in _start, after the config is checked
     from tracerl.envs import Environment
@@ -443,19 +443,10 @@ class RLLoop:
         self.controller.on_step()
         self._gate.set()
         self._room.set()
-        rewards = [r.result.reward for r in rollouts if r.result.reward is not None]
-        stale = [staleness(step, s.weight_version) for s in samples]
         record: dict[str, Any] = {**metrics, "step": step}
+        record.update(rollout_metrics(step, rollouts, samples))
         record.update(
             {
-                "rollout/reward_mean": statistics.fmean(rewards),
-                "rollout/reward_std": statistics.pstdev(rewards),
-                "rollout/episodes": len(rollouts),
-                "rollout/samples": len(samples),
-                "rollout/completion_tokens_mean": statistics.fmean(r.tokens for r in rollouts),
-                "rollout/sample_tokens_mean": statistics.fmean(len(s.token_ids) for s in samples),
-                "rollout/staleness_mean": statistics.fmean(stale),
-                "rollout/staleness_max": max(stale),
                 "time/elapsed_s": process_elapsed_s(),
                 **process_memory(),
                 "time/wait_rollouts_s": wait_s,
@@ -463,7 +454,6 @@ class RLLoop:
                 "time/weight_sync_s": sync_s,
                 **({"weights/probe_logprob_diff": probed} if probed is not None else {}),
                 "time/weight_probe_s": probe_s,
-                **env_metrics(rollouts),
                 "rollout/prompts_skipped": float(self.dataset.skipped),
             }
         )

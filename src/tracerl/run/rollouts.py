@@ -37,7 +37,7 @@ from tracerl.gateway.store import TraceStore
 from tracerl.run.spans import episode_attributes
 from tracerl.telemetry import AttributeValue, Span, Telemetry
 from tracerl.trace.schema import SessionTrace
-from tracerl.trace.versions import oldest_version
+from tracerl.trace.versions import oldest_version, staleness
 from tracerl.train.batch import TrainSample
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,25 @@ def trace_samples(trace: SessionTrace, reward: float, group: int) -> tuple[list[
             )
         )
     return samples, oldest or 0
+
+
+def rollout_metrics(
+    step: int, rollouts: Sequence[Rollout], samples: Sequence[TrainSample]
+) -> dict[str, float]:
+    """`rollout/*` (and `env_metrics`) of the episodes and samples step `step` trained on."""
+    rewards = [r.result.reward for r in rollouts if r.result.reward is not None]
+    stale = [staleness(step, s.weight_version) for s in samples]
+    return {
+        "rollout/reward_mean": statistics.fmean(rewards),
+        "rollout/reward_std": statistics.pstdev(rewards),
+        "rollout/episodes": len(rollouts),
+        "rollout/samples": len(samples),
+        "rollout/completion_tokens_mean": statistics.fmean(r.tokens for r in rollouts),
+        "rollout/sample_tokens_mean": statistics.fmean(len(s.token_ids) for s in samples),
+        "rollout/staleness_mean": statistics.fmean(stale),
+        "rollout/staleness_max": max(stale),
+        **env_metrics(rollouts),
+    }
 
 
 def env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
