@@ -27,6 +27,8 @@ from tracerl.models import sliding_window
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # Starting per-slot capacity: large enough that short chats never reallocate.
 INITIAL_CAPACITY = 256
+# Slots allocated at first; more are added (doubling, up to `max_slots`) as sequences need them.
+INITIAL_ROWS = 4
 
 
 class UnsupportedModelError(ValueError):
@@ -79,8 +81,11 @@ class ModelRunner:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.capacity = min(INITIAL_CAPACITY, max_model_len)
-        self.k_cache = [self._empty(self.capacity) for _ in self.layers]
-        self.v_cache = [self._empty(self.capacity) for _ in self.layers]
+        self.rows = min(INITIAL_ROWS, max_slots)
+        """Slots allocated: the cache is `rows x capacity` tokens per layer, not `max_slots x
+        capacity` (64 slots of a 1024-token SmolLM2 capacity would hold 2.8 GiB)."""
+        self.k_cache = [self._empty(self.rows, self.capacity) for _ in self.layers]
+        self.v_cache = [self._empty(self.rows, self.capacity) for _ in self.layers]
         with torch.inference_mode():
             positions = torch.arange(max_model_len, device=self.device)[None]  # [1, L]
             probe = torch.zeros(1, device=self.device, dtype=self.dtype)
@@ -89,33 +94,37 @@ class ModelRunner:
         self._arange = torch.arange(max(max_model_len, max_slots), device=self.device)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
 
-    def _empty(self, capacity: int) -> torch.Tensor:
-        shape = (self.max_slots, self.num_kv_heads, capacity, self.head_dim)
+    def _empty(self, rows: int, capacity: int) -> torch.Tensor:
+        shape = (rows, self.num_kv_heads, capacity, self.head_dim)
         return torch.zeros(shape, device=self.device, dtype=self.dtype)
 
     @torch.inference_mode()
-    def ensure_capacity(self, length: int) -> None:
-        """Make every slot hold at least `length` tokens (copying the live prefix)."""
-        if length <= self.capacity:
+    def ensure_capacity(self, length: int, slots: int = 0) -> None:
+        """Make every slot hold at least `length` tokens, and slots `0..slots-1` exist (each
+        grown by doubling; what the cache holds is copied)."""
+        capacity, rows = self.capacity, self.rows
+        while capacity < length:
+            capacity *= 2
+        while rows < slots:
+            rows *= 2
+        capacity, rows = min(capacity, self.max_model_len), min(rows, self.max_slots)
+        if (capacity, rows) == (self.capacity, self.rows):
             return
-        new = self.capacity
-        while new < length:
-            new *= 2
-        new = min(new, self.max_model_len)
         for cache in (self.k_cache, self.v_cache):
-            for i, old in enumerate(cache):
-                grown = self._empty(new)
-                grown[:, :, : self.capacity] = old
+            for i, old in enumerate(cache):  # one layer at a time: a layer's copy is transient
+                grown = self._empty(rows, capacity)
+                grown[: self.rows, :, : self.capacity] = old
                 cache[i] = grown
-        self.capacity = new
+        self.capacity, self.rows = capacity, rows
 
     @torch.inference_mode()
     def shrink(self) -> None:
         """Release grown cache memory; only valid while no sequence is running."""
-        if self.capacity > INITIAL_CAPACITY:
-            self.capacity = min(INITIAL_CAPACITY, self.max_model_len)
-            self.k_cache = [self._empty(self.capacity) for _ in self.layers]
-            self.v_cache = [self._empty(self.capacity) for _ in self.layers]
+        initial = (min(INITIAL_CAPACITY, self.max_model_len), min(INITIAL_ROWS, self.max_slots))
+        if (self.capacity, self.rows) != initial:
+            self.capacity, self.rows = initial
+            self.k_cache = [self._empty(self.rows, self.capacity) for _ in self.layers]
+            self.v_cache = [self._empty(self.rows, self.capacity) for _ in self.layers]
 
     @torch.inference_mode()
     def move_slot(self, src: int, dst: int, length: int) -> None:
@@ -156,7 +165,7 @@ class ModelRunner:
         self, slot: int, saved: tuple[list[torch.Tensor], list[torch.Tensor]], length: int
     ) -> None:
         """Put the first `length` positions of a `save_prefix` copy into `slot`."""
-        self.ensure_capacity(length)
+        self.ensure_capacity(length, slot + 1)
         for cache, layers in zip((self.k_cache, self.v_cache), saved, strict=True):
             for layer_cache, layer in zip(cache, layers, strict=True):
                 layer_cache[slot, :, :length] = layer[:, :length]
@@ -180,7 +189,7 @@ class ModelRunner:
         spans = [(start, start + int(ids.shape[0])) for _, ids, start in prefills]
         lengths = [e - s for s, e in spans]
         longest = max([int(decode_positions.max()) + 1 if n else 0, *(end for _, end in spans)])
-        self.ensure_capacity(longest)
+        self.ensure_capacity(longest, max([n, *(slot + 1 for slot, _, _ in prefills)]))
         positions = torch.cat([decode_positions, *(self._arange[s:e] for s, e in spans)])
         tokens = torch.cat([decode_tokens, *(ids for _, ids, _ in prefills)])
         x = self.body.embed_tokens(tokens[None])  # [1, N, H]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tracerl.engine.forward import INITIAL_CAPACITY, ModelRunner
+from tracerl.engine.forward import INITIAL_CAPACITY, INITIAL_ROWS, ModelRunner
 
 
 def full_logits(model, ids: list[int]) -> torch.Tensor:
@@ -65,6 +65,30 @@ def test_cache_growth_and_slot_moves_keep_results_exact(tiny) -> None:
     out = runner.forward(torch.tensor(nxt), positions, [])
     for row, seq in enumerate(seqs):
         torch.testing.assert_close(out[row], full_logits(model, seq))
+
+
+def test_slots_are_allocated_as_sequences_need_them(tiny) -> None:
+    """64 slots allowed, 4 allocated at first: a fifth sequence doubles the rows (and a long
+    one the capacity) with the cached K/V kept; an idle engine gives both back."""
+    model, _ = tiny
+    runner = ModelRunner(model, max_slots=64, max_model_len=1024)
+    assert (runner.rows, runner.k_cache[0].shape[0]) == (INITIAL_ROWS, INITIAL_ROWS)
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, 49152, (9 + i,), generator=g).tolist() for i in range(INITIAL_ROWS)]
+    empty = torch.empty(0, dtype=torch.long)
+    logits = runner.forward(empty, empty, [(i, torch.tensor(s), 0) for i, s in enumerate(seqs)])
+    nxt = logits.argmax(-1).tolist()
+    positions = torch.tensor([len(s) for s in seqs])
+    for s, t in zip(seqs, nxt, strict=True):
+        s.append(t)
+    long = torch.randint(0, 49152, (INITIAL_CAPACITY + 3,), generator=g).tolist()
+    out = runner.forward(torch.tensor(nxt), positions, [(INITIAL_ROWS, torch.tensor(long), 0)])
+    assert runner.rows == 2 * INITIAL_ROWS and runner.capacity == 2 * INITIAL_CAPACITY
+    assert runner.k_cache[0].shape[0] == 2 * INITIAL_ROWS
+    for row, seq in enumerate([*seqs, long]):
+        torch.testing.assert_close(out[row], full_logits(model, seq))
+    runner.shrink()
+    assert (runner.rows, runner.capacity) == (INITIAL_ROWS, INITIAL_CAPACITY)
 
 
 def test_a_prefill_after_a_loaded_prefix_matches_the_full_forward(tiny) -> None:
