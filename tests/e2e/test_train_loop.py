@@ -74,7 +74,7 @@ async def test_grpo_steps_record_traces_checkpoint_and_resume(tmp_path: Path) ->
         )
         assert 0 <= record["concurrency/offpolicy_mean"] <= record["concurrency/offpolicy_max"]
         # this process's memory (the tiny model's engine and trainer are in it)
-        assert 0.05 < record["memory/rss_gib"] <= record["memory/rss_peak_gib"] < 24
+        assert 0.05 < record["memory/rss_gib"] < record["memory/rss_peak_gib"] + 0.01 < 24
     assert (run_dir / "checkpoints" / "step_00000002").is_dir()
     recorded = sessions(run_dir)
     assert recorded >= 16  # two steps of 8 episodes, each a gateway session

@@ -32,7 +32,7 @@ Checkpoints are written before a step's metrics line, so a logged step always ha
 `metrics.jsonl`), and never a committed trace. Ctrl-C (SIGINT/SIGTERM) stops admissions, cancels
 the episodes in flight, checkpoints the last finished step, and closes engines and the store.
 
-One module of ~590 lines: start-up, feeder, steps and shutdown share one state (events,
+One module of ~595 lines: start-up, feeder, steps and shutdown share one state (events,
 counters, the group buffer, the parts built at start-up); the episodes' side is in
 `rollouts.py`, evals in `evals.py`, the trainer, engines and gateways it starts in
 `trainers.py`, `engines.py` and `gateways.py`, its spans (`[telemetry]`) in `spans.py`, and
@@ -47,7 +47,6 @@ import inspect
 import json
 import logging
 import signal
-import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,9 +66,19 @@ from tracerl.run.metrics import (
     Progress,
     process_elapsed_s,
     process_memory,
+    release_free_memory,
+    run_until,
     truncate_metrics,
 )
-from tracerl.run.rollouts import EpisodeRunner, Group, GroupBuffer, Play, Rollout, rollout_metrics
+from tracerl.run.rollouts import (
+    EpisodeRunner,
+    Group,
+    GroupBuffer,
+    Play,
+    Rollout,
+    dispatch_gauges,
+    rollout_metrics,
+)
 from tracerl.run.spans import record_step
 from tracerl.telemetry import Telemetry, start_telemetry
 from tracerl.trace.versions import oldest_trainable
@@ -82,6 +91,7 @@ if TYPE_CHECKING:  # torch and the servers load in _start, after the config is c
     from tracerl.run.gateways import Gateways
     from tracerl.run.rollouts import Player
     from tracerl.run.trainers import AnyTrainer
+    from tracerl.train.batch import TrainSample
 
 log = logging.getLogger(__name__)
 
@@ -360,19 +370,6 @@ class RLLoop:
         cluster_status.write(self.run_dir, record)
         return cluster_status.gauges(record)
 
-    def _dispatch_gauges(self) -> dict[str, float]:
-        """In flight by kind, and how many weight versions the in-flight train episodes lag
-        (they began on the weights of the step they were admitted at)."""
-        kinds = self.dispatcher.inflight_by_kind()
-        lags = [self.step - at for at in self._admitted.values()]
-        return {
-            "concurrency/inflight": float(self.dispatcher.inflight),
-            "concurrency/inflight_train": float(kinds.get("train", 0)),
-            "concurrency/inflight_eval": float(kinds.get("eval", 0)),
-            "concurrency/offpolicy_max": float(max(lags, default=0)),
-            "concurrency/offpolicy_mean": statistics.fmean(lags) if lags else 0.0,
-        }
-
     # ------------------------------------------------------------------ steps
 
     async def _step(self) -> dict[str, Any] | None:
@@ -417,7 +414,7 @@ class RLLoop:
         try:
             if pause:  # the cores are the trainer's; requests keep their KV and wait
                 await self.pool.pause("in_place")
-            metrics = await asyncio.to_thread(self.trainer.step, samples)
+            metrics = await asyncio.to_thread(self._train, samples)
             train_s = time.monotonic() - started
             if pause and not self.evals.idle.is_set():  # the eval in flight needs the engines
                 await self.pool.resume()
@@ -461,6 +458,15 @@ class RLLoop:
         record_step(self.telemetry, step, {**phases, "weight_sync": (synced, sync_s)}, record)
         return record
 
+    def _train(self, samples: list[TrainSample]) -> dict[str, Any]:
+        """The trainer's step, with the allocator's free pages handed back before (what the
+        rollouts freed) and after (the step's activations), so they never add up in RSS."""
+        release_free_memory()
+        try:
+            return self.trainer.step(samples)
+        finally:
+            release_free_memory()
+
     def _pause_engines_while_training(self) -> bool:
         mode = self.config.loop.engines_while_training
         shared = engines.shares_cpu(self.config, self._given_engines, self.trainer)
@@ -474,15 +480,6 @@ class RLLoop:
         finally:
             for w in waits:
                 w.cancel()
-
-    async def _budget(self) -> None:
-        """Returns once `loop.max_minutes` have passed since the process started (never when
-        unset)."""
-        minutes = self.config.loop.max_minutes
-        if minutes is None:
-            await asyncio.Event().wait()
-            return
-        await asyncio.sleep(max(0.0, minutes * 60 - process_elapsed_s()))
 
     def _loop_state(self) -> dict[str, Any]:
         return {
@@ -510,7 +507,7 @@ class RLLoop:
             started, last_tokens, last_at = time.monotonic(), self._tokens, time.monotonic()
             generation: tuple[float | None, tuple[int, float] | None] = (None, None)
             stopper = asyncio.create_task(self._stop.wait())
-            budget = asyncio.create_task(self._budget())
+            budget = asyncio.create_task(run_until(self.config.loop.max_minutes))
             every = self.config.eval.every
             if every and self.step == 0:  # the untrained baseline
                 evals.append(self.evals.start(0))
@@ -540,7 +537,7 @@ class RLLoop:
                     if generation[0] is not None:
                         record["engine/generation_tokens_per_s"] = generation[0]
                     record.update(self.controller.gauges())
-                    record.update(self._dispatch_gauges())
+                    record.update(dispatch_gauges(self.dispatcher, self.step, self._admitted))
                     record.update(self._record_cluster())
                     record.update({f"loop/{k}": v for k, v in self.buffer.counters.items()})
                     if self.step % self.config.loop.checkpoint_every == 0:

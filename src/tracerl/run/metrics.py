@@ -8,6 +8,10 @@ so the file never holds a step twice.
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import ctypes.util
+import functools
 import json
 import math
 import os
@@ -180,6 +184,15 @@ def process_elapsed_s() -> float:
 _IMPORTED_AT = time.monotonic()
 
 
+async def run_until(minutes: float | None) -> None:
+    """Returns once `minutes` have passed since the process started (never when None): a run's
+    `loop.max_minutes` budget, model loading included."""
+    if minutes is None:
+        await asyncio.Event().wait()
+        return
+    await asyncio.sleep(max(0.0, minutes * 60 - process_elapsed_s()))
+
+
 def process_memory() -> dict[str, float]:
     """This process's resident memory, GiB: now (`memory/rss_gib`, from /proc; Linux only) and
     its peak so far (`memory/rss_peak_gib`, the kernel's). Where the embedded engine and the
@@ -193,3 +206,23 @@ def process_memory() -> dict[str, float]:
         return out  # no /proc: the peak alone
     out["memory/rss_gib"] = pages * os.sysconf("SC_PAGE_SIZE") / 2**30
     return out
+
+
+def release_free_memory() -> bool:
+    """Give the pages the C allocator holds free back to the system (glibc's `malloc_trim`);
+    False where the C library has none (musl, macOS). glibc keeps what a training step or the
+    engine freed in its heaps, and a later allocation that does not fit those holes takes more:
+    seven steps of a guess PPO run held 12-16.4 GiB between steps and peaked at 18.2 GB without
+    this; 5.9 GiB and 13.4 GB with it around every step (docs/benchmarks.md)."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)  # 1 if it gave pages back, 0 if none were free: either is success
+    return True
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    return getattr(libc, "malloc_trim", None)

@@ -31,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from tracerl.control.dispatcher import Dispatcher
 from tracerl.envs import Environment, EpisodeResult, Session, Task, run_episode, score_trace
 from tracerl.envs.episode import PlayerLost
 from tracerl.gateway.store import TraceStore
@@ -99,6 +100,22 @@ def rollout_metrics(
         "rollout/staleness_mean": statistics.fmean(stale),
         "rollout/staleness_max": max(stale),
         **env_metrics(rollouts),
+    }
+
+
+def dispatch_gauges(
+    dispatcher: Dispatcher, step: int, admitted: dict[str, int]
+) -> dict[str, float]:
+    """In flight by kind, and how many weight versions the in-flight train episodes lag (each
+    began on the weights of the step it was admitted at, `admitted[episode_id]`)."""
+    kinds = dispatcher.inflight_by_kind()
+    lags = [step - at for at in admitted.values()]
+    return {
+        "concurrency/inflight": float(dispatcher.inflight),
+        "concurrency/inflight_train": float(kinds.get("train", 0)),
+        "concurrency/inflight_eval": float(kinds.get("eval", 0)),
+        "concurrency/offpolicy_max": float(max(lags, default=0)),
+        "concurrency/offpolicy_mean": statistics.fmean(lags) if lags else 0.0,
     }
 
 
