@@ -134,7 +134,8 @@ test-gpu: $(STAMP)
 	$(BIN)/python -m pytest -q -m gpu
 	$(BIN)/python -m pytest -q tests/unit/train tests/unit/engine tests/unit/algo \
 		tests/e2e/test_train_loop.py tests/e2e/test_sft.py tests/e2e/test_cold_start.py \
-		tests/integration/test_weight_probe.py tests/integration/test_pool.py
+		tests/integration/test_weight_probe.py tests/integration/test_pool.py \
+		tests/integration/test_model_families.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
