@@ -182,6 +182,11 @@ class DatasetConfig(Config):
     own groups), and not with groups of one."""
     difficulty_skip: float = Field(default=0.75, ge=0, le=1)
     """The chance that a task without signal is passed over when its turn comes."""
+    difficulty_by: str | None = None
+    """A task field (a string or number in every row) over whose values `signal` measures
+    instead of over rows: tasks sharing a value share its last group's verdict (the guessing
+    game's `high`, a generator's level). It then acts in the first epoch, where a generated
+    dataset's rows never come back."""
     max_row_bytes: int = Field(default=16 * 2**20, ge=2)
     """JSONL: a longer line is refused (named by file and line) rather than read into memory."""
 
@@ -189,4 +194,6 @@ class DatasetConfig(Config):
     def _one_source(self) -> Self:
         if (self.path is None) == (self.generate is None):
             raise ValueError("set exactly one of path and generate")
+        if self.difficulty_by is not None and self.difficulty != "signal":
+            raise ValueError("difficulty_by applies to difficulty = 'signal' only")
         return self

@@ -14,7 +14,9 @@ group's rewards (`observe`); a task whose last group's rewards were all equal (a
 or never) is passed over with probability `difficulty_skip` when its turn comes again (a later
 epoch), so samples go where a group baseline has signal. Whether a turn is passed over depends
 only on (seed, position) and what was observed, which the saved state holds: a resumed run
-draws the same tasks.
+draws the same tasks. With `dataset.difficulty_by = FIELD` the signal is measured per value of
+that task field instead of per row (the guessing game's `high`: all games of one range share
+it), so it acts within the first epoch, where a generated dataset's rows never come back.
 """
 
 from __future__ import annotations
@@ -54,15 +56,24 @@ class TaskDataset:
         shuffle: bool = True,
         difficulty: str = "uniform",
         skip: float = 0.75,
+        difficulty_by: str | None = None,
     ) -> None:
         if not tasks:
             raise DatasetError(f"{source}: no tasks")
         self.tasks = list(tasks)
         self.source, self.seed, self.shuffle = source, seed, shuffle
-        self.difficulty, self.skip = difficulty, skip
+        self.difficulty, self.skip, self.difficulty_by = difficulty, skip, difficulty_by
+        if difficulty_by is not None:
+            for n, task in enumerate(self.tasks, 1):
+                if not isinstance(task.get(difficulty_by), (str, int, float, bool)):
+                    raise DatasetError(
+                        f"{source}:row {n}: dataset.difficulty_by = {difficulty_by!r} needs that "
+                        f"field in every task, as a string or number; got "
+                        f"{task.get(difficulty_by)!r}"
+                    )
         self._position = 0
         self._order: tuple[int, list[int]] | None = None  # (epoch, order) of the last epoch used
-        self._no_signal: set[int] = set()  # rows whose last group's rewards were all equal
+        self._no_signal: set[Any] = set()  # keys whose last group's rewards were all equal
         self._drawn: dict[int, int] = {}  # group -> the row it was drawn from
         self.skipped = 0
         """Turns passed over for lack of signal, since the start."""
@@ -105,7 +116,9 @@ class TaskDataset:
         self._position += 1
         if self.difficulty == "signal":
             for _ in range(len(self.tasks)):  # bounded: when no row has signal, one is drawn
-                if item.index not in self._no_signal or not self._passes_over(item.position):
+                if self._key(item.index) not in self._no_signal or not self._passes_over(
+                    item.position
+                ):
                     break
                 self.skipped += 1
                 item = self.at(self._position)
@@ -113,6 +126,10 @@ class TaskDataset:
         if group is not None:
             self._drawn[group] = item.index
         return item
+
+    def _key(self, index: int) -> Any:
+        """What the signal is measured over: the row, or its `difficulty_by` field's value."""
+        return index if self.difficulty_by is None else self.tasks[index][self.difficulty_by]
 
     def _passes_over(self, position: int) -> bool:
         draw = random.Random(f"tracerl.difficulty:{self.seed}:{position}").random()
@@ -125,9 +142,9 @@ class TaskDataset:
         if index is None or len(scores) < 2:  # one reward says nothing of a group's signal
             return
         if max(scores) == min(scores):
-            self._no_signal.add(index)
+            self._no_signal.add(self._key(index))
         else:
-            self._no_signal.discard(index)
+            self._no_signal.discard(self._key(index))
 
     def __iter__(self) -> Iterator[IndexedTask]:
         """Endless: epochs follow one another."""
@@ -140,7 +157,8 @@ class TaskDataset:
             "size": len(self.tasks),
             "seed": self.seed,
             "shuffle": self.shuffle,
-            "no_signal": sorted(self._no_signal),
+            "difficulty_by": self.difficulty_by,
+            "no_signal": sorted(self._no_signal, key=repr),
             "skipped": self.skipped,
         }
 
@@ -154,7 +172,9 @@ class TaskDataset:
                 f"shuffle) = {saved}, this one has {mine}"
             )
         self.seek(int(state["position"]))
-        self._no_signal = set(state.get("no_signal", ()))  # absent from older checkpoints
+        # absent from older checkpoints; measured over another key, it says nothing of these
+        same_key = state.get("difficulty_by") == self.difficulty_by
+        self._no_signal = set(state.get("no_signal", ())) if same_key else set()
         self.skipped = int(state.get("skipped", 0))
 
 
@@ -184,6 +204,7 @@ def load_dataset(config: DatasetConfig, required_fields: Sequence[str] = ()) -> 
         shuffle=config.shuffle,
         difficulty=config.difficulty,
         skip=config.difficulty_skip,
+        difficulty_by=config.difficulty_by,
     )
 
 

@@ -242,3 +242,47 @@ def test_resume_restores_what_was_measured() -> None:
     resumed.load_state_dict(state)
     assert [resumed.next().index for _ in range(40)] == [data.next().index for _ in range(40)]
     assert resumed.skipped == data.skipped
+
+
+def _games(difficulty_by: str | None = "high") -> TaskDataset:
+    """Twelve games, four of each range, in file order: high 8, 16, 32, 8, 16, 32, ..."""
+    tasks = [{"prompt": f"g{i}", "answer": 1, "high": (8, 16, 32)[i % 3]} for i in range(12)]
+    return TaskDataset(
+        tasks, source="t", shuffle=False, difficulty="signal", skip=1.0, difficulty_by=difficulty_by
+    )
+
+
+def test_signal_by_a_field_acts_within_the_first_epoch() -> None:
+    """Games of range 8 always solved: once one group of them says so, the other games of that
+    range are passed over, in the epoch where no row has come back yet."""
+    data = _games()
+    outcome = {8: [1.0, 1.0], 16: [0.0, 1.0], 32: [0.0, 0.0]}
+    drawn = []
+    for group in range(6):
+        item = data.next(group)
+        drawn.append(item.index)
+        data.observe(group, outcome[item.task["high"]])
+    # rows 0-2 measure 8, 16 and 32; then only range 16 has signal: rows 4, 7 and 10
+    assert drawn == [0, 1, 2, 4, 7, 10] and data.skipped == 5  # rows 3, 5, 6, 8 and 9
+    by_row = _games(difficulty_by=None)  # per row, nothing is measured until rows come back
+    for group in range(6):
+        item = by_row.next(group)
+        by_row.observe(group, outcome[item.task["high"]])
+    assert by_row.skipped == 0 and by_row.position == 6
+
+
+def test_signal_by_a_field_resumes_and_refuses_a_task_without_it() -> None:
+    data = _games()
+    data.next(0)
+    data.observe(0, [1.0, 1.0])  # row 0: range 8 always solved
+    state = json.loads(json.dumps(data.state_dict()))
+    resumed = _games()
+    resumed.load_state_dict(state)
+    assert [resumed.next().index for _ in range(3)] == [1, 2, 4]  # row 3 (range 8) passed over
+    other_key = _games(difficulty_by=None)
+    other_key.load_state_dict(state)  # measured per range: says nothing of rows
+    assert [other_key.next().index for _ in range(3)] == [1, 2, 3]
+    with pytest.raises(DatasetError, match=r"t:row 2: dataset.difficulty_by = 'high' needs"):
+        TaskDataset([{"high": 8}, {"prompt": "x"}], source="t", difficulty_by="high")
+    with pytest.raises(ValueError, match="difficulty_by applies to difficulty = 'signal' only"):
+        DatasetConfig(path="games.jsonl", difficulty_by="high")
