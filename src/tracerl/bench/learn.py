@@ -196,11 +196,19 @@ def main(args: argparse.Namespace) -> int:
     all_tasks = (*TASKS, *learn_agents.AGENT_TASKS)
     for name, allowed, given in (
         ("--tasks", all_tasks, tasks + agent_tasks),
-        ("--systems", SYSTEMS, systems),
+        ("--systems", (*SYSTEMS, *learn_agents.SIGNAL_SYSTEMS), systems),
     ):
         unknown = sorted(set(given) - set(allowed))
         if unknown or not given:
             raise SystemExit(f"bench learn: {name} takes some of {', '.join(allowed)}")
+    signal = [s for s in systems if s in learn_agents.SIGNAL_SYSTEMS]
+    lacking = [t for t in tasks + agent_tasks if t not in learn_agents.DIFFICULTY_FIELDS]
+    if signal and lacking:
+        fields = ", ".join(f"{t}: {f}" for t, f in learn_agents.DIFFICULTY_FIELDS.items())
+        raise SystemExit(
+            f"bench learn: {signal[0]} needs tasks with a difficulty field ({fields}); "
+            f"{', '.join(lacking)} has none"
+        )
     if "trl" in systems:
         try:
             import trl  # noqa: F401

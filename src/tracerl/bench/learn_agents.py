@@ -11,6 +11,9 @@ samples), learning rate (constant), sampling (temperature 1) and budget from pro
 - `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config (`trainer.chat_template =
   "chatml"`, tools in the template's system turn, Hermes calls), no eval in the run, a
   checkpoint every few steps (their writes charged);
+- `tracerl-grpo-signal`, `tracerl-ppo-signal`: the same with difficulty-aware drawing,
+  `dataset.difficulty = "signal"` measured per value of the task's `DIFFICULTY_FIELDS` field
+  (guess: `high`, the range); the calculator's questions have no such field;
 - `trl`: TRL's `GRPOTrainer` (`learn_trl_agents`) with `tools=` for `calculator` and
   `environment_factory` for `guess`, the same chat template, a snapshot of its weights every
   third of the budget (not charged).
@@ -41,6 +44,10 @@ from tracerl.run.metrics import read_metrics
 from tracerl.train.checkpoint import PREFIX, list_checkpoints
 
 AGENT_TASKS = ("calculator", "guess")
+SIGNAL_SYSTEMS = ("tracerl-grpo-signal", "tracerl-ppo-signal")
+"""Systems only the agentic tasks run: tracerl with `dataset.difficulty_by` its field."""
+DIFFICULTY_FIELDS = {"guess": "high"}
+"""The task field difficulty-aware drawing measures over (`dataset.difficulty_by`)."""
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4
 LR = 5e-6
 TRAIN_TASKS = 4000
@@ -154,19 +161,30 @@ def prepare(task: str, task_dir: Path) -> tuple[Path, float]:
     return start / "cold_start" / "export", last_eval(start)
 
 
+def run_config(
+    task: str, task_dir: Path, start: Path, system: str, seed: int, minutes: float, every: int
+) -> str:
+    """The `tracerl train` config of one run of `system` (`tracerl-ALGORITHM[-signal]`)."""
+    algorithm, _, variant = system.removeprefix("tracerl-").partition("-")
+    text = config(task, task_dir, model=str(start.resolve()), algorithm=algorithm, seed=seed,
+                  minutes=minutes, eval_every=0, checkpoint_every=every)  # fmt: skip
+    if variant == "signal":  # the generated config's [dataset] table, extended
+        field = DIFFICULTY_FIELDS[task]
+        text = text.replace("[dataset]\n", f'[dataset]\ndifficulty = "signal"\n'
+                            f'difficulty_by = "{field}"\n', 1)  # fmt: skip
+    return text
+
+
 def run_tracerl(
-    task: str, task_dir: Path, start: Path, algorithm: str, seed: int, minutes: float, every: int
+    task: str, task_dir: Path, start: Path, system: str, seed: int, minutes: float, every: int
 ) -> dict[str, Any]:
-    """One `tracerl train` run from `start`, with no eval of its own and a checkpoint every
-    `every` steps; then the judge on the checkpoints nearest a third and two thirds of the
-    budget and on the last one (the points TRL's snapshots give), as its curve."""
-    system = f"tracerl-{algorithm}"
+    """One `tracerl train` run of `system` (`tracerl-ALGORITHM[-signal]`) from `start`, with no
+    eval of its own and a checkpoint every `every` steps; then the judge on the checkpoints
+    nearest a third and two thirds of the budget and on the last one (the points TRL's
+    snapshots give), as its curve."""
     run_dir = task_dir / f"{system}-seed{seed}"
     path = task_dir / f"{run_dir.name}.toml"
-    path.write_text(
-        config(task, task_dir, model=str(start.resolve()), algorithm=algorithm, seed=seed,
-               minutes=minutes, eval_every=0, checkpoint_every=every)
-    )  # fmt: skip
+    path.write_text(run_config(task, task_dir, start, system, seed, minutes, every))
     wall = train(path, run_dir, minutes * 60 + OVERRUN_S)
     curve = [
         [at, judge_step(task, task_dir, run_dir, step)]
@@ -221,6 +239,7 @@ def run_record(
         "own_eval_after": evals[-1]["eval/accuracy"] if evals else None,
         "curve": [[r["time/elapsed_s"] / 60, r["eval/accuracy"]] for r in evals],
         "train_reward": [r["rollout/reward_mean"] for r in steps],
+        "prompts_skipped": steps[-1].get("rollout/prompts_skipped") if steps else None,
         "wall_s": wall_s,
     }
 
@@ -281,7 +300,7 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
         for system in sorted({r["system"] for r in mine}):
             per[system] = seed_stats([r for r in mine if r["system"] == system], "success")
         entry: dict[str, Any] = {"systems": per}
-        compared = [s for s in ("tracerl-grpo", "tracerl-ppo") if s in per]
+        compared = [s for s in ("tracerl-grpo", "tracerl-ppo", *SIGNAL_SYSTEMS) if s in per]
         if "trl" not in per or not compared:  # nothing to compare: no target can be met
             met = False
             summary["tasks"][task] = entry
@@ -338,8 +357,7 @@ def run_task(
             if system == "trl":
                 result = run_trl(task, task_dir, start, seed, minutes)
             else:
-                algorithm = system.removeprefix("tracerl-")
-                result = run_tracerl(task, task_dir, start, algorithm, seed, minutes, every)
+                result = run_tracerl(task, task_dir, start, system, seed, minutes, every)
             result.update(task=task, accuracy_before=before)
             runs.append(result)
             print(json.dumps(result), flush=True)

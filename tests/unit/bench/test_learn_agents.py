@@ -184,3 +184,31 @@ def test_target_met_needs_three_seeds_headroom_and_more_than_a_zero_baseline() -
     assert summary["target_met"] is False
     # with no TRL run there is nothing to compare
     assert learn_agents.summarise(runs[1:], ["guess"], minutes=15)["target_met"] is False
+
+
+def test_a_signal_system_draws_by_the_task_s_difficulty_field(tmp_path: Path) -> None:
+    learn_agents.write_task_files(tmp_path, "guess")
+    loaded = {}
+    for system in ("tracerl-ppo", "tracerl-ppo-signal", "tracerl-grpo-signal"):
+        text = learn_agents.run_config("guess", tmp_path, tmp_path, system, 1, 15, 3)
+        (tmp_path / f"{system}.toml").write_text(text)
+        loaded[system] = load_config(TrainCommandConfig, tmp_path / f"{system}.toml")
+    plain, signal = loaded["tracerl-ppo"], loaded["tracerl-ppo-signal"]
+    assert (plain.dataset.difficulty, plain.dataset.difficulty_by) == ("uniform", None)
+    assert (signal.dataset.difficulty, signal.dataset.difficulty_by) == ("signal", "high")
+    assert signal.dataset.path == plain.dataset.path and signal.trainer.algorithm == "ppo"
+    assert loaded["tracerl-grpo-signal"].trainer.algorithm == "grpo"
+
+
+def test_a_signal_system_refuses_a_task_without_a_difficulty_field(tmp_path: Path) -> None:
+    from tracerl.bench import learn
+    from tracerl.cli.main import build_parser
+
+    args = build_parser().parse_args(
+        ["bench", "learn", "--tasks", "guess,calculator", "--systems", "tracerl-grpo-signal",
+         "--work-dir", str(tmp_path / "w")]
+    )  # fmt: skip
+    with pytest.raises(SystemExit, match="needs tasks with a difficulty field .guess: high.; "
+                       "calculator has none"):  # fmt: skip
+        learn.main(args)
+    assert not (tmp_path / "w").exists()
