@@ -99,7 +99,7 @@ class ModelRunner:
         return torch.zeros(shape, device=self.device, dtype=self.dtype)
 
     @torch.inference_mode()
-    def ensure_capacity(self, length: int, slots: int = 0) -> None:
+    def ensure_capacity(self, length: int, slots: int) -> None:
         """Make every slot hold at least `length` tokens, and slots `0..slots-1` exist (each
         grown by doubling; what the cache holds is copied)."""
         capacity, rows = self.capacity, self.rows
