@@ -332,20 +332,34 @@ def _wait_for_steps(run_dir: Path, count: int, proc: subprocess.Popen[str], limi
     raise AssertionError(f"no {count} steps within {limit_s} s:\n{proc.communicate()[0]}")
 
 
-def test_sigkill_mid_run_then_resume_loses_no_step_and_no_trace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("weights", [[], ["--trainer.lora.rank=4"]], ids=["full", "lora"])
+def test_sigkill_mid_run_then_resume_loses_no_step_and_no_trace(
+    tmp_path: Path, weights: list[str]
+) -> None:
     run_dir = tmp_path / "run"
-    proc = _train(run_dir, "--loop.steps=6")
+    proc = _train(run_dir, "--loop.steps=6", *weights)
     _wait_for_steps(run_dir, 2, proc, limit_s=120)
     recorded = sessions(run_dir)
     os.killpg(proc.pid, signal.SIGKILL)  # the engine, gateway and trainer all die at once
     proc.wait(timeout=30)
     assert sessions(run_dir) >= recorded  # every committed trace survived
-    resumed = _train(run_dir, "--loop.steps=6", "--resume")
+    resumed = _train(run_dir, "--loop.steps=6", "--resume", *weights)
     out, _ = resumed.communicate(timeout=180)
     assert resumed.returncode == 0, out
     assert "resumed at step" in out
     assert steps(run_dir) == [1, 2, 3, 4, 5, 6]  # no duplicate, no gap
     assert sessions(run_dir) > recorded
+    # every push, the resumed engine's first included, passed the weight probe
+    probed = [r for r in metrics(run_dir) if "weights/probe_logprob_diff" in r]
+    assert len(probed) == 6
+    manifest = json.loads(next((run_dir / "checkpoints").glob("*/manifest.json")).read_text())
+    assert (manifest["config"]["lora"] is not None) == bool(weights)
+    # a LoRA run hands its engine the adapters alone: under 1 % of the model's bytes
+    from tracerl.models import resolve_model
+
+    model_bytes = sum(f.stat().st_size for f in Path(resolve_model("tiny")).glob("*.safetensors"))
+    synced = [r["weights/sync_bytes"] for r in probed]
+    assert all((b * 100 < model_bytes) == bool(weights) for b in synced), synced
 
 
 def test_ctrl_c_checkpoints_and_stops_cleanly(tmp_path: Path) -> None:

@@ -81,6 +81,81 @@ async def test_a_push_passes_the_probe_and_a_skipped_layer_fails_it_by_name(
     assert "at their initial weights: model.layers.1." in message
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+async def test_lora_pushes_merged_or_adapter_alone_pass_the_probe_and_a_stale_engine_fails(
+    tied: bool, tied_tiny: Path
+) -> None:
+    """`[trainer.lora]`: a merged push (the base plus the adapters under the base's names) and
+    an adapter push (the adapters alone, applied in the engine's forward) both leave the engine
+    sampling as the adapted actor; an engine left on the base, or on an older adapter, fails;
+    a bad adapter push is refused whole and the engine keeps serving the adapter it had."""
+    from tracerl.engine.adapters import AdapterWeights
+    from tracerl.engine.types import WeightLoadError
+
+    model = str(tied_tiny) if tied else "tiny"
+    trainer = Trainer(TrainerConfig(model=model, token_budget=256, lora={"rank": 4}), device="cpu")
+    merged_engine = LocalEngine(EngineConfig(model=model, device="cpu", kv_cache_tokens=1024))
+    adapted_engine = LocalEngine(EngineConfig(model=model, device="cpu", kv_cache_tokens=1024))
+    engines = {"merged": merged_engine, "adapted": adapted_engine}
+    pools = {
+        n: EnginePool([Member(n, e)], PoolConfig(health_interval_s=60)) for n, e in engines.items()
+    }
+    for name in engines:
+        await engines[name].start()
+        await pools[name].start()
+    prompt = trainer.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    probe = Probe(prompt, 1.0, TOLERANCE["float32"])
+
+    def move_adapters(seed: int) -> None:  # as updates do; the base cannot move
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for name, p in trainer.actor.named_parameters():
+                if ".lora_" in name:
+                    p.add_(0.5 * torch.randn_like(p))
+
+    try:
+        move_adapters(1)
+        with pytest.raises(WeightProbeError):  # the engine still holds the base
+            await check(pools["adapted"], trainer, probe, 0)
+        await pools["merged"].update_weights(None, 1, trainer.actor_named_tensors())
+        first = trainer.adapter_weights()
+        assert first is not None
+        await pools["adapted"].update_weights(None, 1, adapter=first)
+        assert first.nbytes * 100 < sum(t.nbytes for _, t in trainer.actor_named_tensors())
+        for pool in pools.values():
+            assert await check(pool, trainer, probe, 1) < 1e-4
+        kept = {k: v.clone() for k, v in first.tensors.items()}
+        move_adapters(2)  # step 2: the engine takes the new adapter in place
+        await pools["adapted"].update_weights(None, 2, adapter=trainer.adapter_weights())
+        assert await check(pools["adapted"], trainer, probe, 2) < 1e-4
+        key = next(iter(kept))
+        bad = {
+            "shape": {**kept, key: kept[key][:, :-1]},
+            "NaN": {**kept, key: torch.full_like(kept[key], float("nan"))},
+            "missing": {k: v for k, v in kept.items() if k != key},
+        }
+        for what, tensors in bad.items():
+            with pytest.raises(WeightLoadError):
+                await adapted_engine.update_adapter(
+                    AdapterWeights("policy", first.config, tensors), 3
+                )
+            assert adapted_engine.weight_version == 2, what
+        assert await check(pools["adapted"], trainer, probe, 2) < 1e-4  # still step 2's
+        await pools["adapted"].update_weights(
+            None, 3, adapter=AdapterWeights("policy", first.config, kept)
+        )
+        with pytest.raises(WeightProbeError):  # an older adapter is not the trainer's
+            await check(pools["adapted"], trainer, probe, 3)
+        base = read_safetensors(trainer.model_path)
+        await pools["merged"].update_weights(None, 2, base.items())
+        with pytest.raises(WeightProbeError):
+            await check(pools["merged"], trainer, probe, 2)
+    finally:
+        for name in engines:
+            await pools[name].close()
+            await engines[name].close()
+
+
 def test_train_stops_when_an_engine_did_not_get_the_weights_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -160,7 +160,7 @@ def _cmd_export(args: argparse.Namespace, overrides: list[str]) -> int:
 
     from tracerl.train.export import export_checkpoint
 
-    print(export_checkpoint(Path(args.run_dir), Path(args.out), args.step))
+    print(export_checkpoint(Path(args.run_dir), Path(args.out), args.step, args.adapter))
     return 0
 
 
@@ -312,6 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("run_dir", help="a run directory with checkpoints/")
     export.add_argument("out", help="a new (or empty) directory to write")
     export.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    export.add_argument(
+        "--adapter",
+        action="store_true",
+        help="a LoRA run: write the adapter alone (peft's layout), not the merged model",
+    )
     export.set_defaults(func=_cmd_export)
 
     cluster = sub.add_parser("cluster", help="what a run's trainer ranks and engines run on")

@@ -214,6 +214,10 @@ class RayTrainer:
         (ref,) = self._all("pack_weights")[0]
         return self.weights.publish(version, ref)
 
+    def adapter_weights(self) -> None:
+        """Ray ranks push through the object store or an export, never in process."""
+        return None
+
     def actor_named_tensors(self) -> list[tuple[str, torch.Tensor]]:
         raise NotImplementedError(
             "trainer ranks on Ray push weights through the object store or export (served "

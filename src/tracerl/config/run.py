@@ -178,6 +178,11 @@ class TrainCommandConfig(Config):
                 f"cluster.trainer.ranks is {ranks} but cluster.backend is 'local': trainer "
                 "ranks are placed by Ray (cluster.backend = 'ray')"
             )
+        if ranks > 1 and self.trainer.lora is not None:
+            raise ValueError(
+                f"trainer.lora is set with cluster.trainer.ranks = {ranks}: LoRA trains on one "
+                "rank for now (FSDP2 sharding of adapters is not supported yet)"
+            )
         if ranks > self.orchestrator.batch_size:
             raise ValueError(
                 f"cluster.trainer.ranks ({ranks}) is above orchestrator.batch_size "

@@ -63,6 +63,42 @@ class CriticOptimizerConfig(OptimizerConfig):
     starts from the actor's weights and a fresh value head)."""
 
 
+ALL_LINEAR = "all-linear"
+
+
+class LoraConfig(Config):
+    """Low-rank adapters (LoRA, through peft) trained in place of the full weights
+    (`tracerl.train.lora`): the base weights stay frozen, the optimizer holds the adapters only,
+    checkpoints hold the adapters and their optimizer state."""
+
+    rank: int = Field(default=16, ge=1)
+    """Rank r of each adapter pair (A: r x in, B: out x r)."""
+    alpha: int | None = Field(default=None, gt=0)
+    """Scale numerator: an adapter adds (alpha / rank) * B @ A to its layer; unset: 2 * rank."""
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapters' input during the updates' forwards only (the no-grad passes,
+    reference and behaviour log-probs, and the engines never drop)."""
+    target_modules: list[str] = Field(default_factory=lambda: [ALL_LINEAR])
+    """The layers that get adapters: module names or suffixes (`["q_proj", "v_proj"]`), or
+    `["all-linear"]`, every linear layer but the output layer. Embeddings cannot take
+    adapters."""
+    critic: Literal["lora", "full"] = "lora"
+    """ppo: the critic trains adapters of its own on the same frozen base (which it shares with
+    the actor: no second copy) plus its value head, or all of its weights."""
+
+    @property
+    def scale_alpha(self) -> int:
+        return self.alpha if self.alpha is not None else 2 * self.rank
+
+    @model_validator(mode="after")
+    def _targets(self) -> Self:
+        if not self.target_modules:
+            raise ValueError("target_modules is empty: name layers, or use 'all-linear'")
+        if ALL_LINEAR in self.target_modules and len(self.target_modules) > 1:
+            raise ValueError(f"target_modules: {ALL_LINEAR!r} stands alone (it names them all)")
+        return self
+
+
 class TrainerConfig(Config):
     model: str = "smollm2-135m"
     """Actor: a built-in name (smollm2-135m, gemma3-270m, tiny), a Hugging Face directory or a
@@ -90,6 +126,9 @@ class TrainerConfig(Config):
     position on the new horizon."""
     actor: OptimizerConfig = Field(default_factory=OptimizerConfig)
     """Actor optimisation."""
+    lora: LoraConfig | None = None
+    """`[trainer.lora]`: train low-rank adapters instead of the full weights; unset: full
+    fine-tuning."""
     critic: CriticOptimizerConfig = Field(default_factory=CriticOptimizerConfig)
     """Critic optimisation (ppo only)."""
     token_budget: int = Field(default=8192, ge=2)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tracerl.config import EngineConfig
+from tracerl.engine.adapters import AdapterWeights, load_adapter
 from tracerl.engine.constraint import ConstraintCompiler, JsonConstraint
 from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
 from tracerl.engine.forward import make_runner
@@ -281,6 +282,17 @@ class LocalEngine:
         """In-process weight update (no disk round trip), applied at a step boundary."""
         tensors = dict(named_tensors)
         await self._call(lambda: self._load_weights(tensors, weight_version))
+
+    async def update_adapter(self, adapter: AdapterWeights, weight_version: int) -> None:
+        """In-process LoRA adapter update (`tracerl.engine.adapters`): the base stays, the
+        adapter is injected on its first push and copied in after; at a step boundary."""
+
+        def apply() -> None:
+            load_adapter(self.model, adapter.name, adapter.config, adapter.tensors)
+            self.scheduler.weights_changed()  # cached K/V came from the old adapter
+            self.weight_version = self.scheduler.weight_version = weight_version
+
+        await self._call(apply)
 
     async def health(self) -> bool:
         return self._thread is None or self._thread.is_alive()

@@ -11,16 +11,17 @@ or talks nonsense costs time, never a sample.
   engine, resuming from the tokens already generated (prompt + partial output as the new input,
   the remaining budget, ids and log-probs concatenated), up to `max_attempts`; 4xx replies are
   not retried. An engine abort (a weight sync) resumes the same way without counting a failure.
-- Weight sync: admission pauses; in-flight requests are aborted and resumed on the new weights,
-  paused in place and continued on them (`update_mode = "in_place"`: no KV recomputed), or
-  waited for; every active engine loads the weights and must report the new version; one that
-  fails is taken out and restarted rather than left serving old weights. Bounded by a timeout.
+- Weight sync (full weights, or a LoRA adapter that embedded engines take alone): admission
+  pauses; in-flight requests are aborted and resumed on the new weights, paused in place and
+  continued on them (`update_mode = "in_place"`: no KV recomputed), or waited for; every
+  active engine loads the weights and must report the new version; one that fails is taken out
+  and restarted rather than left serving old weights. Bounded by a timeout.
   A launcher with `load_weights(path, version)` (a Ray actor) delivers weights to its engine
   itself, for syncs and for a restarted engine alike.
 
-One module of ~590 lines (its `engine.generate` spans are in `spans.py`): routing, health
-checks, fail-over with resume, restarts and weight sync all read and change the same members'
-state on one event loop.
+One module of ~550 lines (its `engine.generate` spans are in `spans.py`, its members and how
+one takes a weight push in `members.py`): routing, health checks, fail-over with resume,
+restarts and weight sync all read and change the same members' state on one event loop.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -41,15 +42,17 @@ from tracerl.config import PoolConfig
 from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
 from tracerl.engine.protocol import Engine, PauseMode, collect
 from tracerl.engine.types import (
-    EngineError,
     GenerateOutput,
     GenerateRequest,
     PoolError,
-    WeightLoadError,
 )
 from tracerl.rollout.launcher import STOP_GRACE_S, EngineLauncher
+from tracerl.rollout.members import RETRYABLE, Member, from_disk, load_member, takes_in_process
 from tracerl.rollout.spans import traced_generation
 from tracerl.telemetry import INERT_SPAN, Span, Telemetry
+
+if TYPE_CHECKING:
+    from tracerl.engine.adapters import AdapterWeights
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +67,6 @@ def affinity_key(rid: str) -> str:
 
 
 @dataclass
-class Member:
-    name: str
-    engine: Engine
-    launcher: EngineLauncher | None = None
-    active: bool = True
-    failures: int = 0
-    inflight: int = 0
-    restarting: bool = False
-    restart_deadline: float = 0.0
-    weight_version: int = 0
-    last_ok: float = field(default_factory=time.monotonic)
-
-
-@dataclass
 class _Progress:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -85,9 +74,6 @@ class _Progress:
     """Weight version of its oldest token (None: no token yet)."""
     newest: int = 0
     """Weight version of its newest token."""
-
-
-_RETRYABLE = (aiohttp.ClientError, TimeoutError, EngineReplyError, ConnectionError, EngineError)
 
 
 ClientFactory = Callable[[str], Engine]
@@ -323,7 +309,7 @@ class EnginePool:
                 failed_on.add(member.name)
                 self._mark(member, False, f"HTTP {e.status}")
                 continue
-            except _RETRYABLE as e:
+            except RETRYABLE as e:
                 reasons.append(f"{member.name}: {type(e).__name__}: {e}")
                 failed_on.add(member.name)
                 self._mark(member, False, f"{type(e).__name__}: {e}")
@@ -421,7 +407,7 @@ class EnginePool:
                         await member.engine.close()
                     member.engine = self.client(url)
                     if self.weights_path is not None:
-                        await self._from_disk(member, self.weights_path, self.weight_version)
+                        await from_disk(member, self.weights_path, self.weight_version)
                     member.weight_version = self.weight_version
                     if not await member.engine.health_generate():
                         raise RuntimeError("health_generate failed")
@@ -448,26 +434,31 @@ class EnginePool:
         model_path: str | None,
         weight_version: int,
         named_tensors: Sequence[tuple[str, Any]] | None = None,
+        adapter: AdapterWeights | None = None,
     ) -> None:
-        """Bring every active engine to `weight_version`: embedded engines take `named_tensors`
-        in process when given, every other engine loads `model_path` (see the module
-        docstring for the pause, abort/resume and failure handling)."""
+        """Bring every active engine to `weight_version`: embedded engines take `adapter` (a
+        LoRA push: the adapters alone) or `named_tensors` in process when given, every other
+        engine loads `model_path` (see the module docstring for the pause, abort/resume and
+        failure handling)."""
         if model_path is None and any(
-            not (named_tensors is not None and hasattr(m.engine, "update_weights"))
-            for m in self.members
+            not takes_in_process(m.engine, named_tensors, adapter) for m in self.members
         ):
             raise ValueError("model_path: required for engines outside this process")
         async with self._update_lock:
             self._admission.clear()
             try:
                 async with asyncio.timeout(self.config.update_timeout_s):
-                    await self._sync(model_path, weight_version, named_tensors)
+                    await self._sync(model_path, weight_version, named_tensors, adapter)
             finally:
                 self._paused = False  # a failed sync must not leave health polls off
                 self._admission.set()
 
     async def _sync(
-        self, model_path: str | None, version: int, tensors: Sequence[tuple[str, Any]] | None
+        self,
+        model_path: str | None,
+        version: int,
+        tensors: Sequence[tuple[str, Any]] | None,
+        adapter: AdapterWeights | None,
     ) -> None:
         active = [m for m in self.members if m.active]
         mode = self.config.update_mode
@@ -479,7 +470,8 @@ class EnginePool:
             self._paused = True
             await asyncio.gather(*(m.engine.pause(pause) for m in active), return_exceptions=True)
         results = await asyncio.gather(
-            *(self._load(m, model_path, version, tensors) for m in active), return_exceptions=True
+            *(load_member(m, model_path, version, tensors, adapter) for m in active),
+            return_exceptions=True,
         )
         self.weights_path, self.weight_version = model_path, version
         for member, result in zip(active, results, strict=True):
@@ -488,40 +480,6 @@ class EnginePool:
                 self._take_out(member, f"weight update to v{version} failed: {result}")
         if mode != "wait":
             await self._resume_active(f"resume after the v{version} update")
-
-    async def _load(
-        self,
-        member: Member,
-        model_path: str | None,
-        version: int,
-        tensors: Sequence[tuple[str, Any]] | None,
-    ) -> Exception | None:
-        """Load the weights into one engine; the error, or None once it reports `version`."""
-        in_process = getattr(member.engine, "update_weights", None)
-        try:
-            if tensors is not None and in_process is not None:
-                await in_process(tensors, version)
-            else:
-                assert model_path is not None
-                await self._from_disk(member, model_path, version)
-            info = await member.engine.model_info()
-        except (WeightLoadError, EngineHTTPError, *_RETRYABLE) as e:
-            return e
-        if int(info.get("weight_version", -1)) != version:
-            return RuntimeError(f"reports v{info.get('weight_version')}")
-        member.weight_version = version
-        return None
-
-    @staticmethod
-    async def _from_disk(member: Member, model_path: str, version: int) -> None:
-        """Load `model_path` into one engine: through its launcher when that delivers weights
-        itself (a Ray actor, which may first fetch them from the object store), else with the
-        engine's own `update_weights_from_disk`."""
-        deliver = getattr(member.launcher, "load_weights", None)
-        if deliver is not None:
-            await deliver(model_path, version)
-        else:
-            await member.engine.update_weights_from_disk(model_path, version)
 
     # ------------------------------------------------------------------ Engine protocol rest
 

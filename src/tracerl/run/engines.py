@@ -102,7 +102,11 @@ async def start(
         await engine.start()
         closers.append(engine.close)
         if step:  # engines start from the base weights: give them the trained ones
-            await engine.update_weights(trainer.actor_named_tensors(), step)
+            adapter = trainer.adapter_weights()
+            if adapter is not None and hasattr(engine, "update_adapter"):
+                await engine.update_adapter(adapter, step)
+            else:
+                await engine.update_weights(trainer.actor_named_tensors(), step)
     pool = EnginePool([Member(n, e) for n, e in engines.items()], config.pool, telemetry=telemetry)
     await pool.start()
     closers.append(pool.close)
@@ -111,16 +115,31 @@ async def start(
 
 async def push(
     pool: EnginePool, trainer: AnyTrainer, run_dir: Path, step: int, servers: bool
-) -> None:
-    """Step `step`'s weights into every engine: in process; for servers, through the object
-    store (trainer ranks on Ray, by default) or from the export in the run directory."""
+) -> int:
+    """Step `step`'s weights into every engine: in process (with LoRA the adapters alone);
+    for servers, through the object store (trainer ranks on Ray, by default) or from the
+    export in the run directory (with LoRA, merged). Returns the bytes handed over: the
+    tensors given in process, or the exported files."""
     if not servers:
-        await pool.update_weights(None, step, trainer.actor_named_tensors())
-        return
+        adapter = trainer.adapter_weights()
+        if adapter is not None and all(hasattr(m.engine, "update_adapter") for m in pool.members):
+            await pool.update_weights(None, step, adapter=adapter)
+            return adapter.nbytes
+        tensors = trainer.actor_named_tensors()
+        await pool.update_weights(None, step, tensors)
+        return _nbytes(tensors)
     from tracerl.cluster.trainer_group import RayTrainer
 
     if isinstance(trainer, RayTrainer) and trainer.weights is not None:
         path = await asyncio.to_thread(trainer.publish_weights, step)
-    else:
-        path = str(await export(trainer, run_dir))
-    await pool.update_weights(path, step)
+        await pool.update_weights(path, step)
+        return 0  # the object store's transfers are Ray's
+    exported = await export(trainer, run_dir)
+    await pool.update_weights(str(exported), step)
+    return sum(f.stat().st_size for f in exported.glob("*.safetensors"))
+
+
+def _nbytes(tensors: list[tuple[str, Any]]) -> int:
+    """The bytes of distinct tensors (a tied output layer counted once)."""
+    seen = {t.data_ptr(): t.numel() * t.element_size() for _, t in tensors}
+    return sum(seen.values())

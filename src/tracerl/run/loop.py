@@ -423,7 +423,7 @@ class RLLoop:
             synced = time.monotonic()
             # still paused: the engines take the weights at once, not after their next step
             servers = engines.served(c, self._given_engines)
-            await engines.push(self.pool, self.trainer, self.run_dir, step, servers)
+            sync_bytes = await engines.push(self.pool, self.trainer, self.run_dir, step, servers)
             sync_s = time.monotonic() - synced
             probed, probe_s = None, 0.0
             if self.probe is not None:  # on running engines: a paused one would not answer
@@ -449,6 +449,7 @@ class RLLoop:
                 "time/wait_rollouts_s": wait_s,
                 "time/train_s": train_s,
                 "time/weight_sync_s": sync_s,
+                "weights/sync_bytes": float(sync_bytes),
                 **({"weights/probe_logprob_diff": probed} if probed is not None else {}),
                 "time/weight_probe_s": probe_s,
                 "rollout/prompts_skipped": float(self.dataset.skipped),

@@ -106,7 +106,8 @@ def _model_states(
     models: dict[str, torch.nn.Module], optimizers: dict[str, torch.optim.Optimizer]
 ) -> dict[str, Any]:
     """What DCP saves and loads in place: each model's and optimizer's state by parameter name
-    (sharded DTensors under FSDP2, plain tensors in one process)."""
+    (sharded DTensors under FSDP2, plain tensors in one process). Frozen parameters (a LoRA
+    model's base) are left out: they are the base model's, which the config names."""
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -114,10 +115,22 @@ def _model_states(
 
     out: dict[str, Any] = {}
     for name, module in models.items():
-        out[name] = get_model_state_dict(module)
+        options = state_options(module)
+        out[name] = get_model_state_dict(module, options=options)
         if name in optimizers:
-            out[f"{name}_optimizer"] = get_optimizer_state_dict(module, optimizers[name])
+            out[f"{name}_optimizer"] = get_optimizer_state_dict(
+                module, optimizers[name], options=options
+            )
     return out
+
+
+def state_options(module: torch.nn.Module) -> Any:
+    """Trained parameters only; strict loading unless some are frozen (then the keys are the
+    trained ones, which the saved state must hold: DCP refuses a missing one)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    frozen = any(not p.requires_grad for p in module.parameters())
+    return StateDictOptions(ignore_frozen_params=True, strict=not frozen)
 
 
 def on_rank_zero(work: Any) -> Any:
@@ -321,9 +334,12 @@ def _load_shards(
         with one_process_is_intended():
             dcp.load(states, checkpoint_id=str(root / "model"), no_dist=world()[1] == 1)
         for name, module in models.items():
-            set_model_state_dict(module, states[name])
+            options = state_options(module)
+            set_model_state_dict(module, states[name], options=options)
             if name in optimizers:
-                set_optimizer_state_dict(module, optimizers[name], states[f"{name}_optimizer"])
+                set_optimizer_state_dict(
+                    module, optimizers[name], states[f"{name}_optimizer"], options=options
+                )
     except CheckpointError:
         raise
     except (RuntimeError, ValueError, KeyError) as e:

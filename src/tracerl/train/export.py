@@ -6,7 +6,9 @@ A checkpoint holds the trained models and their optimizers' states in DCP shards
 loaded), into the base model the run trained (`trainer.model` in the checkpoint's manifest), and
 writes it with `export_hf`, the writer the engines' weight pushes use: a tied output layer is
 named (vLLM's reload needs it), the write is atomic. The checkpoint is verified first (every
-file's size and hash), whatever number of ranks saved it. The critic is not exported.
+file's size and hash), whatever number of ranks saved it. The critic is not exported. A LoRA
+run's checkpoint holds adapters only: they are put on the base and exported merged, or alone
+(`--adapter`, peft's `adapter_config.json` and `adapter_model.safetensors`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,12 @@ def find_checkpoint(run_dir: Path, step: int | None) -> Path:
     return wanted
 
 
-def export_checkpoint(run_dir: Path, out: Path, step: int | None = None) -> Path:
-    """Write the actor of `run_dir`'s checkpoint `step` (None: the newest) to `out`."""
+def export_checkpoint(
+    run_dir: Path, out: Path, step: int | None = None, adapter: bool = False
+) -> Path:
+    """Write the actor of `run_dir`'s checkpoint `step` (None: the newest) to `out`; a LoRA
+    run's merged (base + adapters), or with `adapter` its adapter alone in peft's layout."""
+    from tracerl.train import lora
     from tracerl.train.models import load_actor
     from tracerl.train.trainer import DTYPES
 
@@ -50,17 +56,27 @@ def export_checkpoint(run_dir: Path, out: Path, step: int | None = None) -> Path
     except ckpt.CheckpointError as e:
         raise ConfigError(f"RUN_DIR: {e}") from None
     config = TrainerConfig.model_validate(manifest["config"])
+    if adapter and config.lora is None:
+        raise ConfigError(f"--adapter: {run_dir} trained the full weights, not LoRA adapters")
     actor, tokenizer, _ = load_actor(
         config.model, dtype=DTYPES[config.dtype], chat_template=config.chat_template
     )
     actor.eval()
+    if config.lora is not None:
+        lora.add_adapters(actor, config.lora)
     if manifest["format"] == 1:
         from safetensors.torch import load_model
 
         load_model(actor, str(root / "actor.safetensors"), strict=True)
     else:
         _load_actor_shards(root, actor)
-    return ckpt.export_hf(out, actor, tokenizer)
+    if config.lora is None:
+        return ckpt.export_hf(out, actor, tokenizer)
+    if adapter:
+        lora.write_adapter(out, actor, config.model)
+        return out
+    merged = {"actor": dict(lora.merged_named_tensors(actor))}
+    return ckpt.export_hf(out, actor, tokenizer, states=merged)
 
 
 def _load_actor_shards(root: Path, actor: torch.nn.Module) -> None:
@@ -68,7 +84,8 @@ def _load_actor_shards(root: Path, actor: torch.nn.Module) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    state = {"actor": get_model_state_dict(actor)}
+    options = ckpt.state_options(actor)  # a LoRA actor: its adapters
+    state = {"actor": get_model_state_dict(actor, options=options)}
     with ckpt.one_process_is_intended():
         dcp.load(state, checkpoint_id=str(root / "model"), no_dist=True)
-    set_model_state_dict(actor, state["actor"])
+    set_model_state_dict(actor, state["actor"], options=options)

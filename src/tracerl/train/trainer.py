@@ -48,9 +48,10 @@ from tracerl.algo.distributed import all_reduce_sum
 from tracerl.algo.losses import kl_in_reward, kl_per_token
 from tracerl.algo.stats import explained_variance
 from tracerl.config.train import RESUME_SAFE_FIELDS, OptimizerConfig, TrainerConfig
+from tracerl.engine.adapters import AdapterWeights
 from tracerl.models import sliding_window
 from tracerl.train import checkpoint as ckpt
-from tracerl.train import probe
+from tracerl.train import lora, probe
 from tracerl.train.batch import (
     Batching,
     MicroBatch,
@@ -114,8 +115,14 @@ class Trainer:
             if config.uses_critic
             else None
         )
+        self.lora = config.lora
+        if self.lora is not None:
+            lora.adapt(self.actor, self.critic, self.lora, self.world_size)
+        # with LoRA the reference is the actor with its adapters off
         self.reference = (
-            load_reference(self.model_path, dtype=dtype) if config.uses_reference else None
+            load_reference(self.model_path, dtype=dtype)
+            if config.uses_reference and self.lora is None
+            else None
         )
         self.batching = resolve_batching(config.batching, self.actor)
         # a tree row's mask replaces the model's own, which would drop a sliding window
@@ -189,7 +196,14 @@ class Trainer:
         every rank must call; rank 0 gets the gathered full tensors, the others none."""
         if self.world_size > 1:
             return list(self._full_states(actor_only=True)["actor"].items())
+        if self.lora is not None:
+            return lora.merged_named_tensors(self.actor)
         return [(n, p.detach()) for n, p in self.actor.named_parameters(remove_duplicate=False)]
+
+    def adapter_weights(self) -> AdapterWeights | None:
+        """With LoRA, the actor's adapters alone for an in-process engine push (the engines
+        apply them over their base); None when the full weights train."""
+        return lora.adapter_weights(self.actor) if self.lora is not None else None
 
     def probe_logprobs(self, token_ids: Sequence[int], prompt_len: int) -> list[float]:
         """The actor's log-probs of `token_ids[prompt_len:]` (the weight probe after a push,
@@ -279,10 +293,11 @@ class Trainer:
         try:
             with self._phase(Phase.ACTOR, "actor", metrics):
                 self.phases.require("actor")
-                update_sft(
-                    self.actor, self.actor_optimizer, self.actor_scheduler, batch, shard,
-                    self.config, metrics, self.batching,
-                )  # fmt: skip
+                with self._adapter_dropout(self.actor):
+                    update_sft(
+                        self.actor, self.actor_optimizer, self.actor_scheduler, batch, shard,
+                        self.config, metrics, self.batching,
+                    )  # fmt: skip
         finally:
             self.phases.enter(Phase.IDLE)
         self.step_count += 1
@@ -305,14 +320,30 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         metrics.set(f"time/{name}", time.perf_counter() - started)
 
+    def _adapter_dropout(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+        """LoRA's dropout, in an update's forwards only."""
+        if self.lora is None or self.lora.dropout == 0:
+            return contextlib.nullcontext()
+        return lora.dropout_active(model)
+
     def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
         return micro_batches_for(batch, samples, self.config, self.batching, self.share_prefix)
 
     def _reference_logprobs(
         self, batch: PackedBatch, shard: Shard, mbs: list[MicroBatch], metrics: Metrics
     ) -> torch.Tensor | None:
-        if self.reference is None:
+        if not self.config.uses_reference:
             return None
+        if self.reference is None:  # LoRA: the actor without its adapters
+            with (
+                self._phase(Phase.BEHAVIOUR, "reference", metrics),
+                lora.adapters_disabled(self.actor),
+            ):
+                self.phases.require("actor")
+                return all_logprobs(
+                    self.actor, mbs, batch.token_ids.numel(), self.config.temperature,
+                    self.device, shard.padding(mbs, self.device, self.batching),
+                )  # fmt: skip
         with self._phase(Phase.REFERENCE, "reference", metrics):
             self.phases.require("reference")
             out = all_logprobs(
@@ -376,10 +407,11 @@ class Trainer:
                 metrics.set("critic/explained_variance", ev)
             for name, x in (("value", values), ("return", returns)):
                 metrics.set(f"critic/{name}_mean", token_stats(x, mask)["mean"])
-            update_critic(
-                self.critic, self.critic_optimizer, self.critic_scheduler, batch, shard, values,
-                returns, cfg, generator, metrics, self.batching,
-            )  # fmt: skip
+            with self._adapter_dropout(self.critic):
+                update_critic(
+                        self.critic, self.critic_optimizer, self.critic_scheduler, batch, shard,
+                    values, returns, cfg, generator, metrics, self.batching,
+                )  # fmt: skip
         if warmup:
             metrics.set("critic/warmup", 1.0)
             return samples
@@ -454,11 +486,12 @@ class Trainer:
             old = self._behaviour_logprobs(batch, shard, mbs, metrics)
         with self._phase(Phase.ACTOR, "actor", metrics):
             self.phases.require("actor")
-            update_actor(
-                self.actor, self.actor_optimizer, self.actor_scheduler, batch, shard,
-                ActorTargets(advantages, old, ref if self.config.kl_loss_coef > 0 else None),
-                self.config, generator, metrics, self.batching, zero_grad,
-            )  # fmt: skip
+            with self._adapter_dropout(self.actor):
+                update_actor(
+                    self.actor, self.actor_optimizer, self.actor_scheduler, batch, shard,
+                    ActorTargets(advantages, old, ref if self.config.kl_loss_coef > 0 else None),
+                    self.config, generator, metrics, self.batching, zero_grad,
+                )  # fmt: skip
 
     # ---- checkpoints and export -------------------------------------------------------------
 
@@ -533,9 +566,15 @@ class Trainer:
 
     def export(self, path: str | Path) -> Path:
         """Write the actor as a Hugging Face directory (safetensors, config, tokenizer) that
-        engines load, and the critic under `critic/`; atomically replaces `path`. Sharded:
-        every rank calls (the weights are gathered), rank 0 writes."""
+        engines load, and the critic under `critic/`; atomically replaces `path`. With LoRA the
+        weights are merged (base + adapters). Sharded: every rank calls (the weights are
+        gathered), rank 0 writes."""
         self.phases.require_idle("export")
+        if self.lora is not None:  # the merged weights, under the base model's names
+            merged = {"actor": dict(lora.merged_named_tensors(self.actor))}
+            if self.critic is not None:
+                merged["critic"] = dict(lora.merged_named_tensors(self.critic))
+            return ckpt.export_hf(Path(path), self.actor, self.tokenizer, self.critic, merged)
         if self.world_size == 1:
             return ckpt.export_hf(Path(path), self.actor, self.tokenizer, self.critic)
         states = self._full_states()

@@ -28,6 +28,10 @@ def test_ranks_need_ray_and_a_batch_that_gives_each_rank_a_trajectory() -> None:
         {"cluster": {"backend": "ray", "trainer": {"ranks": 2, "resources": {"gpu_node": 1}}}}
     )
     assert config.cluster.trainer.resources == {"gpu_node": 1.0}
+    with pytest.raises(ValueError, match="trainer.lora is set with cluster.trainer.ranks = 2"):
+        TrainCommandConfig.model_validate(
+            {"cluster": {"backend": "ray", "trainer": {"ranks": 2}}, "trainer": {"lora": {}}}
+        )
 
 
 def test_without_ray_installed_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

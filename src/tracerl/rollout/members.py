@@ -1,0 +1,85 @@
+"""The engine pool's members and how one of them takes a weight push. Split from `pool.py`,
+whose `update_weights` pauses the members, calls `load_member` on each and takes out the ones
+that fail."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from tracerl.engine.client import EngineHTTPError, EngineReplyError
+from tracerl.engine.protocol import Engine
+from tracerl.engine.types import EngineError, WeightLoadError
+from tracerl.rollout.launcher import EngineLauncher
+
+if TYPE_CHECKING:
+    from tracerl.engine.adapters import AdapterWeights
+
+RETRYABLE = (aiohttp.ClientError, TimeoutError, EngineReplyError, ConnectionError, EngineError)
+"""What an engine raises when it, or the connection to it, failed (not the request)."""
+
+
+@dataclass
+class Member:
+    name: str
+    engine: Engine
+    launcher: EngineLauncher | None = None
+    active: bool = True
+    failures: int = 0
+    inflight: int = 0
+    restarting: bool = False
+    restart_deadline: float = 0.0
+    weight_version: int = 0
+    last_ok: float = field(default_factory=time.monotonic)
+
+
+def takes_in_process(
+    engine: Any, tensors: Sequence[tuple[str, Any]] | None, adapter: AdapterWeights | None
+) -> bool:
+    """`engine` can take this push without a model directory (an embedded engine)."""
+    if adapter is not None and hasattr(engine, "update_adapter"):
+        return True
+    return tensors is not None and hasattr(engine, "update_weights")
+
+
+async def load_member(
+    member: Member,
+    model_path: str | None,
+    version: int,
+    tensors: Sequence[tuple[str, Any]] | None,
+    adapter: AdapterWeights | None = None,
+) -> Exception | None:
+    """Load the weights into one engine: `adapter` or `tensors` in process where it takes
+    them, else `model_path`; the error, or None once it reports `version`."""
+    in_process = getattr(member.engine, "update_weights", None)
+    takes_adapter = getattr(member.engine, "update_adapter", None)
+    try:
+        if adapter is not None and takes_adapter is not None:
+            await takes_adapter(adapter, version)
+        elif tensors is not None and in_process is not None:
+            await in_process(tensors, version)
+        else:
+            assert model_path is not None
+            await from_disk(member, model_path, version)
+        info = await member.engine.model_info()
+    except (WeightLoadError, EngineHTTPError, *RETRYABLE) as e:
+        return e
+    if int(info.get("weight_version", -1)) != version:
+        return RuntimeError(f"reports v{info.get('weight_version')}")
+    member.weight_version = version
+    return None
+
+
+async def from_disk(member: Member, model_path: str, version: int) -> None:
+    """Load `model_path` into one engine: through its launcher when that delivers weights
+    itself (a Ray actor, which may first fetch them from the object store), else with the
+    engine's own `update_weights_from_disk`."""
+    deliver = getattr(member.launcher, "load_weights", None)
+    if deliver is not None:
+        await deliver(model_path, version)
+    else:
+        await member.engine.update_weights_from_disk(model_path, version)
