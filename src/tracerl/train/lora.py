@@ -65,10 +65,6 @@ def tuner_layers(model: nn.Module) -> dict[str, Any]:
     return {n: m for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)}
 
 
-def has_adapters(model: nn.Module) -> bool:
-    return bool(tuner_layers(model))
-
-
 def add_adapters(model: nn.Module, settings: LoraConfig) -> None:
     """Freeze `model` and inject trainable adapters into the layers `settings` names (A drawn
     from torch's global generator, B zero: the adapted model starts as the base). The new
@@ -194,11 +190,6 @@ def write_adapter(path: Path, model: nn.Module, base_model: str) -> None:
     data["target_modules"] = sorted(data["target_modules"])  # a set: not JSON
     (path / ADAPTER_CONFIG).write_text(json.dumps(data, indent=1, default=str))
     save_file(adapter_state(model), str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-
-
-def adapter_bytes(model: nn.Module) -> int:
-    """The adapters' size in bytes (what an adapter-only sync sends)."""
-    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if _is_adapter(n))
 
 
 ENGINE_ADAPTER = "policy"  # the name a run's adapter has in its engines

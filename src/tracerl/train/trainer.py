@@ -409,7 +409,7 @@ class Trainer:
                 metrics.set(f"critic/{name}_mean", token_stats(x, mask)["mean"])
             with self._adapter_dropout(self.critic):
                 update_critic(
-                        self.critic, self.critic_optimizer, self.critic_scheduler, batch, shard,
+                    self.critic, self.critic_optimizer, self.critic_scheduler, batch, shard,
                     values, returns, cfg, generator, metrics, self.batching,
                 )  # fmt: skip
         if warmup:

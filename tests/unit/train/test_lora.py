@@ -82,6 +82,35 @@ def test_an_export_loads_as_the_merged_model_and_the_adapter_loads_in_peft(
     torch.testing.assert_close(logits(with_adapter), adapted)
 
 
+def test_a_lora_critic_exports_merged_with_its_head(
+    make_trainer: MakeTrainer, tmp_path: Path
+) -> None:
+    from tracerl.train.models import load_value_model
+
+    trainer = make_trainer(algorithm="ppo", lora=LORA)
+    for s in range(2):
+        trainer.step(make_samples(s, count=4))
+    assert trainer.critic is not None
+    out = trainer.export(tmp_path / "export")
+    critic = load_value_model(str(out / "critic"), require_head=True).eval()
+    keep = torch.ones_like(INPUT, dtype=torch.bool)
+    with torch.no_grad():
+        expected = trainer.critic(INPUT, keep=keep)
+        assert not torch.allclose(expected, _base_critic(trainer)(INPUT, keep=keep))
+        torch.testing.assert_close(critic(INPUT, keep=keep), expected)
+
+
+def _base_critic(trainer: Trainer) -> Any:
+    """The trainer's critic with its adapters off: what an export without them would hold."""
+    import copy
+
+    critic = copy.deepcopy(trainer.critic)
+    assert critic is not None
+    for layer in lora.tuner_layers(critic).values():
+        layer.enable_adapters(False)
+    return critic
+
+
 def test_the_reference_is_the_actor_without_its_adapters(make_trainer: MakeTrainer) -> None:
     trainer = trained(make_trainer, kl_loss_coef=0.1)
     assert trainer.reference is None  # no second copy of the model
