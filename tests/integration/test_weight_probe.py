@@ -204,6 +204,6 @@ async def test_an_engine_lost_since_the_push_is_left_to_the_pool(
         async def generate(self, request: Any) -> Any:
             raise ConnectionError("connection refused")
 
-    pool: Any = SimpleNamespace(members=[Member("gone", Lost())])
+    pool: Any = SimpleNamespace(members=[Member("gone", Lost())], adapter=None)
     assert await check(pool, object(), Probe([1, 2, 3], 1.0, 2e-4), 3) == 0.0
     assert "engine gone could not be probed at v3: ConnectionError" in caplog.text

@@ -6,6 +6,10 @@ on its first load and copied into place on every later one, so a training step's
 adapters' bytes only (a few MB) and the base is never rewritten. The layers compute
 `base(x) + (alpha / rank) * B(A(x))` in the forward; nothing is merged.
 
+Several adapters live in one model side by side (one per name: a run, or a run's older
+version under evaluation); `adapters_for` makes one forward apply to each sequence its own
+adapter, or the base alone.
+
 A load is validated whole (every tensor of the adapter present, names, shapes, finite values)
 before anything is written, like a full weight load (`tracerl.engine.weights`), so a bad push
 leaves the engine serving its previous adapter.
@@ -13,6 +17,8 @@ leaves the engine serving its previous adapter.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +77,8 @@ def load_adapter(
         inject_adapter_in_model(peft_config, model, adapter_name=name)
         model.requires_grad_(False)
         model.eval()
+        model._tracerl_tuner_layers = None  # found again on the next step
+        model._tracerl_active = None  # peft may have switched the layers to the new one
     targets = adapter_parameters(model, name)
     _check(name, {k: tuple(v.shape) for k, v in targets.items()}, tensors)
     with torch.no_grad():
@@ -97,6 +105,8 @@ def _expected_shapes(
         module = modules.get(layer)
         if not key.startswith(PEFT_PREFIX) or kind not in ("A.weight", "B.weight"):
             continue  # reported as unknown
+        if module is not None and hasattr(module, "get_base_layer"):  # another adapter's layer
+            module = module.get_base_layer()
         if not isinstance(module, torch.nn.Linear):
             raise WeightLoadError(f"adapter {name!r}: {layer} is not a linear layer of the model")
         for side, shape in (("A", (rank, module.in_features)), ("B", (module.out_features, rank))):
@@ -123,3 +133,84 @@ def _check(
         if not torch.isfinite(tensor).all():
             raise WeightLoadError(f"adapter {name!r}: {key} contains NaN or infinity")
     return {k.removeprefix(PEFT_PREFIX).rpartition(".lora_")[0] for k in tensors}
+
+
+def adapter_names(model: Any) -> set[str]:
+    """The adapters loaded into `model`."""
+    return {n for layer in _tuner_layers(model) for n in layer.lora_A}
+
+
+def _tuner_layers(model: Any) -> list[Any]:
+    """The model's LoRA layers (found once per injection: every step asks)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    found = getattr(model, "_tracerl_tuner_layers", None)
+    if found is None:
+        found = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+        model._tracerl_tuner_layers = found
+    return list(found)
+
+
+@contextlib.contextmanager
+def adapters_for(model: Any, names: Sequence[str | None]) -> Iterator[None]:
+    """Under this, `model`'s LoRA layers apply `names[i]` to token position `i` of their
+    input, counted over its leading dimensions flattened (None: the base alone). One name for
+    all takes peft's own path; a mix computes the base once and adds each adapter's
+    (alpha / rank) * B(A(x)) at its own positions."""
+    layers = _tuner_layers(model)
+    distinct = set(names)
+    if not layers:
+        asked = sorted(n for n in distinct if n is not None)
+        if asked:
+            raise WeightLoadError(f"no adapter is loaded; asked for {asked}")
+        yield
+        return
+    if len(distinct) == 1:
+        (only,) = distinct
+        _activate(model, layers, only)
+        yield
+        return
+    _activate(model, layers, None)  # each layer's forward gives the base; the hooks add the rest
+    device = next(model.parameters()).device
+    index = {
+        n: torch.tensor([i for i, m in enumerate(names) if m == n], device=device)
+        for n in distinct
+        if n is not None
+    }
+    handles = [layer.register_forward_hook(_add_deltas(index)) for layer in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _activate(model: Any, layers: list[Any], name: str | None) -> None:
+    """Every layer on adapter `name` (None: off); skipped when they already are."""
+    state = ("on", name) if name is not None else ("off", None)
+    if getattr(model, "_tracerl_active", None) == state:
+        return
+    model._tracerl_active = state
+    for layer in layers:
+        if name is None:
+            layer.enable_adapters(False)
+        else:
+            layer.enable_adapters(True)
+            layer.set_adapter(name)
+
+
+def _add_deltas(index: dict[str, torch.Tensor]) -> Any:
+    def hook(module: Any, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+        x = args[0]
+        flat_x = x.reshape(-1, x.shape[-1])
+        flat_out = output.view(-1, output.shape[-1])
+        for name, positions in index.items():
+            if name not in module.lora_A:
+                continue  # this adapter leaves the layer as it is
+            a, b = module.lora_A[name], module.lora_B[name]
+            rows = flat_x.index_select(0, positions).to(a.weight.dtype)
+            delta = b(a(rows)) * module.scaling[name]
+            flat_out.index_add_(0, positions, delta.to(flat_out.dtype))
+        return output
+
+    return hook

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from tracerl.engine.adapters import adapters_for
 from tracerl.models import sliding_window
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -176,15 +177,33 @@ class ModelRunner:
         decode_tokens: torch.Tensor,
         decode_positions: torch.Tensor,
         prefills: list[tuple[int, torch.Tensor, int]],
+        adapters: list[str | None] | None = None,
     ) -> torch.Tensor:
         """One mixed step: a new token for each of slots `0..n-1`, and prefixes for `prefills`
         (`(slot, ids, start)`, slots `>= n`: `ids` follow the `start` positions the slot already
         holds, `load_prefix`'s). Returns logits `[n + len(prefills), V]`: the decode rows, then
-        each prefix's last position.
+        each prefix's last position. `adapters`: the LoRA adapter of each (decode rows, then
+        prefills; None: the base), `tracerl.engine.adapters`.
 
         Projections and MLPs run once over all tokens (one large matmul beats a small decode
         matmul plus separate prefill matmuls on a CPU); only attention is split by sequence.
         """
+        if adapters is None:
+            return self._forward(decode_tokens, decode_positions, prefills)
+        n = decode_tokens.shape[0]
+        per_token = adapters[:n] + [
+            name for name, (_, ids, _) in zip(adapters[n:], prefills, strict=True)
+            for _ in range(int(ids.shape[0]))
+        ]  # fmt: skip
+        with adapters_for(self.model, per_token):
+            return self._forward(decode_tokens, decode_positions, prefills)
+
+    def _forward(
+        self,
+        decode_tokens: torch.Tensor,
+        decode_positions: torch.Tensor,
+        prefills: list[tuple[int, torch.Tensor, int]],
+    ) -> torch.Tensor:
         n = decode_tokens.shape[0]
         spans = [(start, start + int(ids.shape[0])) for _, ids, start in prefills]
         lengths = [e - s for s, e in spans]

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from tracerl.engine.adapters import adapters_for
+
 
 class GenericRunner:
     """The `ModelRunner` interface over the model's own forward (see the module docstring)."""
@@ -49,25 +51,30 @@ class GenericRunner:
         decode_tokens: torch.Tensor,
         decode_positions: torch.Tensor,
         prefills: list[tuple[int, torch.Tensor, int]],
+        adapters: list[str | None] | None = None,
     ) -> torch.Tensor:
         """As `ModelRunner.forward`: a new token for slots `0..n-1` (at `decode_positions`),
         and whole prefixes for `prefills` (no prefix cache here: every `start` is 0); logits
-        `[n + len(prefills), V]`."""
+        `[n + len(prefills), V]`; `adapters`: each one's LoRA adapter (None: the base)."""
         from transformers import DynamicCache
 
+        n = decode_tokens.shape[0]
+        names = adapters if adapters is not None else [None] * (n + len(prefills))
         rows = []
         for slot, (token, position) in enumerate(zip(decode_tokens, decode_positions, strict=True)):
             if self.lengths[slot] != int(position):
                 raise RuntimeError(
                     f"slot {slot} holds {self.lengths[slot]} tokens, decode at {int(position)}"
                 )
-            rows.append(self._run(slot, token[None]))
-        for slot, ids, start in prefills:
+            with adapters_for(self.model, [names[slot]]):
+                rows.append(self._run(slot, token[None]))
+        for j, (slot, ids, start) in enumerate(prefills):
             if start:
                 raise RuntimeError("the generic path keeps no prefix cache: a prefill starts at 0")
             self.caches[slot] = DynamicCache(config=self.model.config)
             self.lengths[slot] = 0
-            rows.append(self._run(slot, ids))
+            with adapters_for(self.model, [names[n + j]]):
+                rows.append(self._run(slot, ids))
         return torch.stack(rows)
 
     def move_slot(self, src: int, dst: int, length: int) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from tracerl.config import EngineConfig
-from tracerl.engine.adapters import AdapterWeights, load_adapter
+from tracerl.engine.adapters import AdapterWeights, adapter_names, load_adapter
 from tracerl.engine.constraint import ConstraintCompiler, JsonConstraint
 from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
 from tracerl.engine.forward import make_runner
@@ -77,6 +77,8 @@ class LocalEngine:
         # Served where the model lives (a model handed in too), as its runner computes there:
         # the sampling generators must be on the same device.
         self.model, self.tokenizer = model, tokenizer
+        self.adapters: set[str] = set()
+        """The LoRA adapters loaded (`update_adapter`), which requests name in `lora_path`."""
         self.device: torch.device = next(model.parameters()).device
         self.model_name = config.model
         native_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
@@ -158,6 +160,11 @@ class LocalEngine:
                 f"prompt of {len(ids)} tokens leaves no room for a completion in the context "
                 f"({self.max_model_len} tokens) and KV budget ({self.config.kv_cache_tokens})",
             )
+        if request.lora_path is not None and request.lora_path not in self.adapters:
+            loaded = ", ".join(sorted(self.adapters)) or "none"
+            raise RequestError(
+                "lora_path", f"no adapter {request.lora_path!r} is loaded (loaded: {loaded})"
+            )
         sp = request.sampling_params
         if sp.max_new_tokens is not None and sp.max_new_tokens > room:
             raise RequestError(
@@ -180,6 +187,7 @@ class LocalEngine:
             generator=generator,
             emit=emit,
             constraint=constraint,
+            adapter=request.lora_path,
         )
 
     def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:
@@ -289,6 +297,8 @@ class LocalEngine:
 
         def apply() -> None:
             load_adapter(self.model, adapter.name, adapter.config, adapter.tensors)
+            self.adapters = adapter_names(self.model)
+            self.scheduler.adapters_loaded = True
             self.scheduler.weights_changed()  # cached K/V came from the old adapter
             self.weight_version = self.scheduler.weight_version = weight_version
 

@@ -69,6 +69,8 @@ class Sequence:
     """Leading tokens its last admission found in the prefix cache (not prefilled again)."""
     weights_epoch: int = 0
     """The scheduler's count of weight changes when it was last admitted."""
+    adapter: str | None = None
+    """The LoRA adapter that samples it (`tracerl.engine.adapters`); None: the base."""
 
     @property
     def tokens(self) -> list[int]:
@@ -104,6 +106,9 @@ class Scheduler:
             PrefixCache() if prefix_cache and isinstance(runner, ModelRunner) else None
         )
         self._weights_epoch = 0
+        self.adapters_loaded = False
+        """LoRA adapters are in the model: every step says which one each sequence takes."""
+        self._adapter_keys: dict[str, int] = {}
         self.kv_budget = kv_budget
         self.max_model_len = max_model_len
         self.device = runner.device
@@ -135,12 +140,14 @@ class Scheduler:
             (len(decoding) + j, torch.tensor(s.tokens[s.cached :], device=device), s.cached)
             for j, s in enumerate(admitted)
         ]
-        logits = self.runner.forward(tokens, positions, prefills)
+        batch = decoding + admitted
+        adapters = [s.adapter for s in batch] if self.adapters_loaded else None
+        logits = self.runner.forward(tokens, positions, prefills, adapters)
         for seq in decoding:
             seq.kv_len += 1
         for seq in admitted:
             seq.kv_len = len(seq.tokens)
-        self._accept(decoding + admitted, logits)
+        self._accept(batch, logits)
         self._evict()
         return True
 
@@ -164,13 +171,23 @@ class Scheduler:
         if self.prefix_cache is None:
             return
         tokens = seq.tokens
-        found, saved = self.prefix_cache.take(tokens, share=True)
+        key = self._cache_key(seq, tokens)
+        found, saved = self.prefix_cache.take(key, share=True)
+        found -= len(key) - len(tokens)  # an adapter's mark holds no K/V
         self.counters.prefix_queries += len(tokens)
-        if saved is not None and found:
+        if saved is not None and found > 0:
             assert isinstance(self.runner, ModelRunner)
             self.runner.load_prefix(slot, saved, found)
             seq.cached = found
             self.counters.prefix_hits += found
+
+    def _cache_key(self, seq: Sequence, tokens: list[int]) -> list[int]:
+        """What the prefix cache knows `tokens` by: after a mark of `seq`'s adapter (a negative
+        id no token has), since another adapter's K/V of the same tokens differ."""
+        if seq.adapter is None:
+            return tokens
+        mark = self._adapter_keys.setdefault(seq.adapter, -1 - len(self._adapter_keys))
+        return [mark, *tokens]
 
     def _keep_prefix(self, seq: Sequence) -> None:
         """Cache a sequence that finished normally under the weights it was admitted with: its
@@ -182,7 +199,7 @@ class Scheduler:
         assert isinstance(self.runner, ModelRunner)
         slot = self.running.index(seq)
         saved = self.runner.save_prefix(slot, seq.kv_len)
-        self.prefix_cache.put(seq.tokens[: seq.kv_len], saved)
+        self.prefix_cache.put(self._cache_key(seq, seq.tokens[: seq.kv_len]), saved)
 
     def _admit(self) -> list[Sequence]:
         """Take waiting sequences into free slots while the KV budget holds their prefix plus

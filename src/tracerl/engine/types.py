@@ -82,6 +82,9 @@ class GenerateRequest(BaseModel):
     sampling_params: SamplingParams = Field(default_factory=SamplingParams)
     return_logprob: bool = True
     stream: bool = False
+    lora_path: str | None = None
+    """The name of the loaded LoRA adapter that samples this request (SGLang's field for it);
+    unset: the base model."""
     traceparent: SkipJsonSchema[str | None] = Field(default=None, exclude=True)
     """The caller's span (W3C `traceparent`), parent of the pool's generation span: in process
     only, never sent to an engine (excluded from dumps and from the engine's OpenAPI)."""

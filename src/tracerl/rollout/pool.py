@@ -100,6 +100,9 @@ class EnginePool:
         self.counters: Counter[str] = Counter()
         self.weight_version = 0
         self.weights_path: str | None = None
+        self.adapter: str | None = None
+        """The LoRA adapter the pool's engines were given (`update_weights(adapter=...)`): it
+        samples every request that names none."""
         self._affinity: OrderedDict[str, Member] = OrderedDict()
         self._admission = asyncio.Event()
         self._admission.set()
@@ -242,6 +245,8 @@ class EnginePool:
     async def _generate_stream(
         self, request: GenerateRequest, span: Span
     ) -> AsyncGenerator[GenerateOutput, None]:
+        if self.adapter is not None and request.lora_path is None:  # the run's own adapter
+            request = request.model_copy(update={"lora_path": self.adapter})
         key = affinity_key(request.rid)
         progress = _Progress()
         failed_on: set[str] = set()
@@ -449,6 +454,8 @@ class EnginePool:
             try:
                 async with asyncio.timeout(self.config.update_timeout_s):
                     await self._sync(model_path, weight_version, named_tensors, adapter)
+                if adapter is not None:
+                    self.adapter = adapter.name
             finally:
                 self._paused = False  # a failed sync must not leave health polls off
                 self._admission.set()

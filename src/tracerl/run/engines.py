@@ -101,15 +101,11 @@ async def start(
     for engine in engines.values():
         await engine.start()
         closers.append(engine.close)
-        if step:  # engines start from the base weights: give them the trained ones
-            adapter = trainer.adapter_weights()
-            if adapter is not None and hasattr(engine, "update_adapter"):
-                await engine.update_adapter(adapter, step)
-            else:
-                await engine.update_weights(trainer.actor_named_tensors(), step)
     pool = EnginePool([Member(n, e) for n, e in engines.items()], config.pool, telemetry=telemetry)
     await pool.start()
     closers.append(pool.close)
+    if step:  # engines start from the base weights: give them the trained ones
+        await push(pool, trainer, run_dir, step, servers=False)
     return pool
 
 

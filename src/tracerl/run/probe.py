@@ -72,7 +72,9 @@ async def check(pool: EnginePool, trainer: AnyTrainer, probe: Probe, version: in
     Raises `WeightProbeError` for the first engine beyond the tolerance. One whose request
     fails (it died since the push) is logged and left to the pool's health checks."""
     members = [m for m in pool.members if m.active]
-    outputs = await asyncio.gather(*(_sample(m, probe) for m in members), return_exceptions=True)
+    outputs = await asyncio.gather(
+        *(_sample(m, probe, pool.adapter) for m in members), return_exceptions=True
+    )
     worst = 0.0
     for member, output in zip(members, outputs, strict=True):
         if isinstance(output, BaseException):  # lost since the push: the pool's to replace
@@ -92,9 +94,12 @@ async def check(pool: EnginePool, trainer: AnyTrainer, probe: Probe, version: in
     return worst
 
 
-async def _sample(member: Member, probe: Probe) -> tuple[list[int], list[float]]:
+async def _sample(
+    member: Member, probe: Probe, adapter: str | None
+) -> tuple[list[int], list[float]]:
     request = GenerateRequest(
         input_ids=probe.prompt,
+        lora_path=adapter,  # the run's LoRA adapter, when its engines apply one
         sampling_params=SamplingParams(
             max_new_tokens=PROBE_TOKENS, temperature=probe.temperature, ignore_eos=True
         ),
