@@ -251,8 +251,9 @@ def test_the_engine_survives_its_fuzzed_surface(engine: Served) -> None:
             body = _json(case, response)
             error = body.get("error") if isinstance(body, dict) else None
             native = isinstance(error, dict) and "message" in error and "code" in error
-            weights = (
-                case.operation.path == "/update_weights_from_disk" and body.get("success") is False
+            weights = (  # SGLang's form of a refused load
+                case.operation.path in ("/update_weights_from_disk", "/load_lora_adapter")
+                and body.get("success") is False
             )
             assert native or weights, f"{case.operation.path} {status}: {body}"
         if case.operation.path == "/pause_generation" and status == 200:

@@ -43,6 +43,39 @@ class AdapterWeights:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
+@dataclass(frozen=True)
+class AdapterFiles:
+    """One adapter push to engine servers: its name there and the directory (peft's layout:
+    `adapter_config.json`, `adapter_model.safetensors`) they load it from."""
+
+    name: str
+    path: str
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def read_adapter_dir(name: str, path: str) -> AdapterWeights:
+    """Adapter `name` from peft's directory layout; `WeightLoadError` naming what is wrong."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    try:
+        config = json.loads((root / ADAPTER_CONFIG).read_text())
+        tensors = load_file(str(root / ADAPTER_WEIGHTS))
+    except FileNotFoundError as e:
+        raise WeightLoadError(f"adapter {name!r}: {e.filename} does not exist") from None
+    except (OSError, ValueError) as e:  # unreadable, not JSON, not safetensors
+        raise WeightLoadError(f"adapter {name!r}: {path} is not a peft adapter: {e}") from None
+    if not isinstance(config, dict):
+        raise WeightLoadError(f"adapter {name!r}: {ADAPTER_CONFIG} is not a JSON object")
+    return AdapterWeights(name, config, tensors)
+
+
 def adapter_parameters(model: Any, name: str) -> dict[str, torch.Tensor]:
     """Adapter `name`'s parameters in `model`, by the key its files use."""
     marker = f".{name}."

@@ -129,6 +129,9 @@ def engine_http_session(read_timeout_s: float, api_key: str | None = None) -> ai
 
 
 class EngineClient:
+    serves_lora_adapters = True
+    """The server loads LoRA adapters by name (`load_lora_adapter`): tracerl's engine server."""
+
     def __init__(self, base_url: str, timeout_s: float = 600.0, api_key: str | None = None) -> None:
         """`timeout_s`: the longest wait for any one reply chunk (not the whole reply);
         `api_key`: sent as a bearer token on every request (an engine that requires one)."""
@@ -197,6 +200,14 @@ class EngineClient:
             "POST",
             "/update_weights_from_disk",
             {"model_path": model_path, "weight_version": weight_version},
+        )
+
+    async def load_lora_adapter(self, name: str, path: str, weight_version: int) -> None:
+        """Load (or replace) LoRA adapter `name` from peft's directory `path` on the server."""
+        await self._request(
+            "POST",
+            "/load_lora_adapter",
+            {"lora_name": name, "lora_path": path, "weight_version": weight_version},
         )
 
     async def _answers(self, path: str) -> bool:

@@ -22,7 +22,12 @@ from typing import Any
 import torch
 
 from tracerl.config import EngineConfig
-from tracerl.engine.adapters import AdapterWeights, adapter_names, load_adapter
+from tracerl.engine.adapters import (
+    AdapterWeights,
+    adapter_names,
+    load_adapter,
+    read_adapter_dir,
+)
 from tracerl.engine.constraint import ConstraintCompiler, JsonConstraint
 from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
 from tracerl.engine.forward import make_runner
@@ -303,6 +308,11 @@ class LocalEngine:
             self.weight_version = self.scheduler.weight_version = weight_version
 
         await self._call(apply)
+
+    async def load_lora_adapter(self, name: str, path: str, weight_version: int) -> None:
+        """`update_adapter` from peft's adapter directory (what `/load_lora_adapter` serves)."""
+        adapter = await asyncio.to_thread(read_adapter_dir, name, path)
+        await self.update_adapter(adapter, weight_version)
 
     async def health(self) -> bool:
         return self._thread is None or self._thread.is_alive()

@@ -117,6 +117,22 @@ def engine_openapi() -> dict[str, Any]:
                     "responses": responses(_json(), 400),
                 }
             },
+            "/load_lora_adapter": {
+                "post": {
+                    "requestBody": json_body(
+                        {
+                            "type": "object",
+                            "required": ["lora_name", "lora_path", "weight_version"],
+                            "properties": {
+                                "lora_name": {"type": "string", "minLength": 1},
+                                "lora_path": {"type": "string", "minLength": 1},
+                                "weight_version": {"type": "integer"},
+                            },
+                        }
+                    ),
+                    "responses": responses(_json(), 400),
+                }
+            },
             "/health": {"get": {"responses": responses(_json(), 503)}},
             "/health_generate": {"get": {"responses": responses(_json(), 503)}},
             "/get_model_info": {"get": {"responses": responses(_json())}},

@@ -127,6 +127,26 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     return web.json_response({"success": True, "message": "updated", "weight_version": version})
 
 
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    body = await _json_body(request)
+    if not isinstance(body, dict):
+        raise RequestError("body", "expected a JSON object")
+    for key in ("lora_name", "lora_path"):
+        if not isinstance(body.get(key), str) or not body[key]:
+            raise RequestError(key, "expected a non-empty string")
+    version = body.get("weight_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RequestError("weight_version", "expected an integer")
+    load = getattr(request.app[ENGINE_KEY], "load_lora_adapter", None)
+    if load is None:
+        raise RequestError("lora_name", "this engine does not load LoRA adapters")
+    try:
+        await load(body["lora_name"], body["lora_path"], version)
+    except WeightLoadError as e:
+        return web.json_response({"success": False, "message": str(e)}, status=400)
+    return web.json_response({"success": True, "message": "loaded", "weight_version": version})
+
+
 async def health(request: web.Request) -> web.Response:
     if await request.app[ENGINE_KEY].health():
         return web.json_response({"status": "ok"})
@@ -189,6 +209,7 @@ def build_engine_app(
     app.router.add_post("/pause_generation", pause_generation)
     app.router.add_post("/continue_generation", continue_generation)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
+    app.router.add_post("/load_lora_adapter", load_lora_adapter)
     app.router.add_get("/health", health)
     app.router.add_get("/health_generate", health_generate)
     app.router.add_get("/get_model_info", get_model_info)

@@ -26,6 +26,8 @@ from tracerl.engine.types import GenerateRequest, WeightLoadError
 
 
 class SGLangClient(EngineClient):
+    serves_lora_adapters = False  # its LoRA API is not wired in yet: merged exports
+
     @staticmethod
     def _wire(request: GenerateRequest, stream: bool) -> dict[str, Any]:
         body = EngineClient._wire(request, stream)

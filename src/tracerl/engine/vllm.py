@@ -51,6 +51,8 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class VLLMClient(EngineClient):
+    serves_lora_adapters = False  # its LoRA API is not wired in yet: merged exports
+
     def __init__(
         self,
         base_url: str,

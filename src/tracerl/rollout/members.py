@@ -17,7 +17,7 @@ from tracerl.engine.types import EngineError, WeightLoadError
 from tracerl.rollout.launcher import EngineLauncher
 
 if TYPE_CHECKING:
-    from tracerl.engine.adapters import AdapterWeights
+    from tracerl.engine.adapters import AdapterFiles, AdapterWeights
 
 RETRYABLE = (aiohttp.ClientError, TimeoutError, EngineReplyError, ConnectionError, EngineError)
 """What an engine raises when it, or the connection to it, failed (not the request)."""
@@ -46,20 +46,31 @@ def takes_in_process(
     return tensors is not None and hasattr(engine, "update_weights")
 
 
+def serves_adapters(engine: Any) -> bool:
+    """`engine` is a server that loads LoRA adapters from disk by name."""
+    return bool(getattr(engine, "serves_lora_adapters", False))
+
+
 async def load_member(
     member: Member,
     model_path: str | None,
     version: int,
     tensors: Sequence[tuple[str, Any]] | None,
     adapter: AdapterWeights | None = None,
+    adapter_files: AdapterFiles | None = None,
 ) -> Exception | None:
     """Load the weights into one engine: `adapter` or `tensors` in process where it takes
-    them, else `model_path`; the error, or None once it reports `version`."""
+    them, `adapter_files` into a server that loads adapters, else `model_path`; the error, or
+    None once it reports `version`."""
     in_process = getattr(member.engine, "update_weights", None)
     takes_adapter = getattr(member.engine, "update_adapter", None)
     try:
         if adapter is not None and takes_adapter is not None:
             await takes_adapter(adapter, version)
+        elif adapter_files is not None and serves_adapters(member.engine):
+            await member.engine.load_lora_adapter(  # type: ignore[attr-defined]
+                adapter_files.name, adapter_files.path, version
+            )
         elif tensors is not None and in_process is not None:
             await in_process(tensors, version)
         else:

@@ -47,12 +47,19 @@ from tracerl.engine.types import (
     PoolError,
 )
 from tracerl.rollout.launcher import STOP_GRACE_S, EngineLauncher
-from tracerl.rollout.members import RETRYABLE, Member, from_disk, load_member, takes_in_process
+from tracerl.rollout.members import (
+    RETRYABLE,
+    Member,
+    from_disk,
+    load_member,
+    serves_adapters,
+    takes_in_process,
+)
 from tracerl.rollout.spans import traced_generation
 from tracerl.telemetry import INERT_SPAN, Span, Telemetry
 
 if TYPE_CHECKING:
-    from tracerl.engine.adapters import AdapterWeights
+    from tracerl.engine.adapters import AdapterFiles, AdapterWeights
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +108,10 @@ class EnginePool:
         self.weight_version = 0
         self.weights_path: str | None = None
         self.adapter: str | None = None
-        """The LoRA adapter the pool's engines were given (`update_weights(adapter=...)`): it
-        samples every request that names none."""
+        """The LoRA adapter the pool's engines were given (`update_weights(adapter=...)` or
+        `adapter_files=`): it samples every request that names none."""
+        self.adapter_files: AdapterFiles | None = None
+        """Where the servers loaded it from: a restarted one loads it again."""
         self._affinity: OrderedDict[str, Member] = OrderedDict()
         self._admission = asyncio.Event()
         self._admission.set()
@@ -396,7 +405,7 @@ class EnginePool:
         ready_s = float(getattr(member.launcher, "ready_timeout_s", 0.0))
         member.restart_deadline = time.monotonic() + STOP_GRACE_S + ready_s
         try:
-            if self.weight_version and self.weights_path is None:
+            if self.weight_version and self.weights_path is None and self.adapter_files is None:
                 log.error(
                     "engine %s cannot be restarted at v%d: those weights were pushed in "
                     "process only; it stays out of rotation",
@@ -413,6 +422,11 @@ class EnginePool:
                     member.engine = self.client(url)
                     if self.weights_path is not None:
                         await from_disk(member, self.weights_path, self.weight_version)
+                    if self.adapter_files is not None:  # on the base it restarted with
+                        files = self.adapter_files
+                        await member.engine.load_lora_adapter(  # type: ignore[attr-defined]
+                            files.name, files.path, self.weight_version
+                        )
                     member.weight_version = self.weight_version
                     if not await member.engine.health_generate():
                         raise RuntimeError("health_generate failed")
@@ -440,22 +454,29 @@ class EnginePool:
         weight_version: int,
         named_tensors: Sequence[tuple[str, Any]] | None = None,
         adapter: AdapterWeights | None = None,
+        adapter_files: AdapterFiles | None = None,
     ) -> None:
         """Bring every active engine to `weight_version`: embedded engines take `adapter` (a
-        LoRA push: the adapters alone) or `named_tensors` in process when given, every other
-        engine loads `model_path` (see the module docstring for the pause, abort/resume and
-        failure handling)."""
+        LoRA push: the adapters alone) or `named_tensors` in process when given, servers that
+        load adapters take `adapter_files`, every other engine loads `model_path` (see the
+        module docstring for the pause, abort/resume and failure handling)."""
         if model_path is None and any(
-            not takes_in_process(m.engine, named_tensors, adapter) for m in self.members
+            not takes_in_process(m.engine, named_tensors, adapter)
+            and not (adapter_files is not None and serves_adapters(m.engine))
+            for m in self.members
         ):
             raise ValueError("model_path: required for engines outside this process")
         async with self._update_lock:
             self._admission.clear()
             try:
                 async with asyncio.timeout(self.config.update_timeout_s):
-                    await self._sync(model_path, weight_version, named_tensors, adapter)
+                    await self._sync(
+                        model_path, weight_version, named_tensors, adapter, adapter_files
+                    )
                 if adapter is not None:
-                    self.adapter = adapter.name
+                    self.adapter, self.adapter_files = adapter.name, None
+                elif adapter_files is not None:
+                    self.adapter, self.adapter_files = adapter_files.name, adapter_files
             finally:
                 self._paused = False  # a failed sync must not leave health polls off
                 self._admission.set()
@@ -466,6 +487,7 @@ class EnginePool:
         version: int,
         tensors: Sequence[tuple[str, Any]] | None,
         adapter: AdapterWeights | None,
+        adapter_files: AdapterFiles | None = None,
     ) -> None:
         active = [m for m in self.members if m.active]
         mode = self.config.update_mode
@@ -477,7 +499,7 @@ class EnginePool:
             self._paused = True
             await asyncio.gather(*(m.engine.pause(pause) for m in active), return_exceptions=True)
         results = await asyncio.gather(
-            *(load_member(m, model_path, version, tensors, adapter) for m in active),
+            *(load_member(m, model_path, version, tensors, adapter, adapter_files) for m in active),
             return_exceptions=True,
         )
         self.weights_path, self.weight_version = model_path, version

@@ -77,7 +77,8 @@ async def start(
         # a resumed run's engines start on its trained weights (sent once they run, through
         # the object store), a new run's on the base
         channel = _object_store(trainer)
-        from_disk = bool(step) and channel is None
+        # adapters pushed to servers go on the base: never start them on a merged export
+        from_disk = bool(step) and channel is None and not adapter_sync(config, trainer)
         base = await export(trainer, run_dir) if from_disk else resolve_model(config.trainer.model)
         logs = backend_log_dir(config.engine, run_dir / "logs")
         launcher_for = None
@@ -93,7 +94,9 @@ async def start(
         pool = await start_pool(config.engine, base, logs, config.pool, launcher_for, telemetry)
         closers.append(pool.close)
         if step and not from_disk:
-            await push(pool, trainer, run_dir, step, servers=True)
+            await push(
+                pool, trainer, run_dir, step, servers=True, adapters=adapter_sync(config, trainer)
+            )
         return pool
     from tracerl.engine.local import LocalEngine
 
@@ -109,13 +112,27 @@ async def start(
     return pool
 
 
+def adapter_sync(config: TrainCommandConfig, trainer: AnyTrainer) -> bool:
+    """Engine servers take a LoRA run's adapters alone (`RUN_DIR/adapter/`, loaded by name over
+    their base): tracerl's own engine servers, launched or attached, off Ray. vLLM, SGLang and
+    Ray engines load the merged export instead."""
+    local = config.engine.backend == "local" and config.cluster.backend != "ray"
+    return local and trainer.adapter_weights() is not None
+
+
 async def push(
-    pool: EnginePool, trainer: AnyTrainer, run_dir: Path, step: int, servers: bool
+    pool: EnginePool,
+    trainer: AnyTrainer,
+    run_dir: Path,
+    step: int,
+    servers: bool,
+    adapters: bool = False,
 ) -> int:
     """Step `step`'s weights into every engine: in process (with LoRA the adapters alone);
-    for servers, through the object store (trainer ranks on Ray, by default) or from the
-    export in the run directory (with LoRA, merged). Returns the bytes handed over: the
-    tensors given in process, or the exported files."""
+    for servers, the adapters alone when `adapters` (`adapter_sync`), else through the object
+    store (trainer ranks on Ray, by default) or from the export in the run directory (with
+    LoRA, merged). Returns the bytes handed over: the tensors given in process, or the files
+    written for the servers."""
     if not servers:
         adapter = trainer.adapter_weights()
         if adapter is not None and all(hasattr(m.engine, "update_adapter") for m in pool.members):
@@ -126,6 +143,15 @@ async def push(
         return _nbytes(tensors)
     from tracerl.cluster.trainer_group import RayTrainer
 
+    if adapters:
+        from tracerl.engine.adapters import AdapterFiles
+        from tracerl.train.trainer import Trainer
+
+        assert isinstance(trainer, Trainer)  # adapter_sync: never trainer ranks on Ray
+        written = await asyncio.to_thread(trainer.write_adapter, run_dir / "adapter")
+        files = AdapterFiles(run_dir.name, str(written))
+        await pool.update_weights(None, step, adapter_files=files)
+        return sum(f.stat().st_size for f in written.iterdir())
     if isinstance(trainer, RayTrainer) and trainer.weights is not None:
         path = await asyncio.to_thread(trainer.publish_weights, step)
         await pool.update_weights(path, step)

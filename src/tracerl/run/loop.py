@@ -423,7 +423,10 @@ class RLLoop:
             synced = time.monotonic()
             # still paused: the engines take the weights at once, not after their next step
             servers = engines.served(c, self._given_engines)
-            sync_bytes = await engines.push(self.pool, self.trainer, self.run_dir, step, servers)
+            sync_bytes = await engines.push(
+                self.pool, self.trainer, self.run_dir, step, servers,
+                servers and engines.adapter_sync(c, self.trainer),
+            )  # fmt: skip
             sync_s = time.monotonic() - synced
             probed, probe_s = None, 0.0
             if self.probe is not None:  # on running engines: a paused one would not answer

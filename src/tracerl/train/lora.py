@@ -192,6 +192,30 @@ def write_adapter(path: Path, model: nn.Module, base_model: str) -> None:
     save_file(adapter_state(model), str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
 
 
+def write_adapter_atomically(path: Path, model: nn.Module, base_model: str) -> Path:
+    """`write_adapter` into a fresh directory beside `path`, then renamed over it: a server
+    loading `path` never reads a half-written adapter."""
+    import os
+    import shutil
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        write_adapter(tmp, model, base_model)
+        if path.exists():
+            old = path.parent / f".old-{path.name}-{os.getpid()}"
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return path
+
+
 ENGINE_ADAPTER = "policy"  # the name a run's adapter has in its engines
 
 

@@ -205,6 +205,12 @@ class Trainer:
         apply them over their base); None when the full weights train."""
         return lora.adapter_weights(self.actor) if self.lora is not None else None
 
+    def write_adapter(self, path: Path) -> Path:
+        """With LoRA, the actor's adapter in peft's layout at `path` (replaced atomically), for
+        engine servers that load adapters; the path."""
+        assert self.lora is not None, "write_adapter needs trainer.lora"
+        return lora.write_adapter_atomically(path, self.actor, self.config.model)
+
     def probe_logprobs(self, token_ids: Sequence[int], prompt_len: int) -> list[float]:
         """The actor's log-probs of `token_ids[prompt_len:]` (the weight probe after a push,
         `tracerl.run.probe`). Sharded: every rank calls and gets them."""
