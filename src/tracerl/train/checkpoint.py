@@ -418,9 +418,7 @@ def export_hf(
     weights and config under `critic/`. Written beside `path` and renamed over it, so an engine
     loading `path` never reads a half-written export. `states`: the models' full state dicts
     (`actor`, `critic`) when the modules themselves are sharded."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
-    try:
+    with replaced_atomically(path) as tmp:
         actor.save_pretrained(
             tmp, safe_serialization=True, state_dict=states["actor"] if states else None
         )
@@ -435,6 +433,18 @@ def export_hf(
                 save_model(critic, str(out))
             config: Any = critic.config
             config.save_pretrained(tmp / "critic")
+    return path
+
+
+@contextlib.contextmanager
+def replaced_atomically(path: Path) -> Iterator[Path]:
+    """A fresh directory beside `path` to write into; on success it is renamed over `path` (a
+    reader sees the old directory or the new one, never a half-written one), on failure
+    removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
+    try:
+        yield tmp
         if path.exists():
             old = path.parent / f".old-{path.name}-{os.getpid()}"
             path.rename(old)
@@ -445,4 +455,3 @@ def export_hf(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    return path

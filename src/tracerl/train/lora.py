@@ -193,26 +193,12 @@ def write_adapter(path: Path, model: nn.Module, base_model: str) -> None:
 
 
 def write_adapter_atomically(path: Path, model: nn.Module, base_model: str) -> Path:
-    """`write_adapter` into a fresh directory beside `path`, then renamed over it: a server
-    loading `path` never reads a half-written adapter."""
-    import os
-    import shutil
-    import tempfile
+    """`write_adapter` into a fresh directory renamed over `path`: a server loading `path`
+    never reads a half-written adapter."""
+    from tracerl.train.checkpoint import replaced_atomically
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{path.name}-", dir=path.parent))
-    try:
+    with replaced_atomically(path) as tmp:
         write_adapter(tmp, model, base_model)
-        if path.exists():
-            old = path.parent / f".old-{path.name}-{os.getpid()}"
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return path
 
 
