@@ -173,13 +173,18 @@ def adapter_names(model: Any) -> set[str]:
     return {n for layer in _tuner_layers(model) for n in layer.lora_A}
 
 
-def _tuner_layers(model: Any) -> list[Any]:
-    """The model's LoRA layers (found once per injection: every step asks)."""
+def tuner_layers(model: Any) -> dict[str, Any]:
+    """The model's LoRA layers (peft's), by module name."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
+    return {n: m for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)}
+
+
+def _tuner_layers(model: Any) -> list[Any]:
+    """`tuner_layers`, found once per injection (every engine step asks)."""
     found = getattr(model, "_tracerl_tuner_layers", None)
     if found is None:
-        found = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+        found = list(tuner_layers(model).values())
         model._tracerl_tuner_layers = found
     return list(found)
 

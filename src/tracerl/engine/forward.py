@@ -191,10 +191,12 @@ class ModelRunner:
         if adapters is None:
             return self._forward(decode_tokens, decode_positions, prefills)
         n = decode_tokens.shape[0]
-        per_token = adapters[:n] + [
-            name for name, (_, ids, _) in zip(adapters[n:], prefills, strict=True)
-            for _ in range(int(ids.shape[0]))
-        ]  # fmt: skip
+        per_token = adapters  # one adapter for the whole step: no positions to tell apart
+        if len(set(adapters)) > 1:
+            per_token = adapters[:n] + [
+                name for name, (_, ids, _) in zip(adapters[n:], prefills, strict=True)
+                for _ in range(int(ids.shape[0]))
+            ]  # fmt: skip
         with adapters_for(self.model, per_token):
             return self._forward(decode_tokens, decode_positions, prefills)
 

@@ -78,7 +78,7 @@ async def start(
         # the object store), a new run's on the base
         channel = _object_store(trainer)
         # adapters pushed to servers go on the base: never start them on a merged export
-        from_disk = bool(step) and channel is None and not adapter_sync(config, trainer)
+        from_disk = bool(step) and channel is None and not adapter_sync(config)
         base = await export(trainer, run_dir) if from_disk else resolve_model(config.trainer.model)
         logs = backend_log_dir(config.engine, run_dir / "logs")
         launcher_for = None
@@ -94,9 +94,7 @@ async def start(
         pool = await start_pool(config.engine, base, logs, config.pool, launcher_for, telemetry)
         closers.append(pool.close)
         if step and not from_disk:
-            await push(
-                pool, trainer, run_dir, step, servers=True, adapters=adapter_sync(config, trainer)
-            )
+            await push(pool, trainer, run_dir, step, servers=True, adapters=adapter_sync(config))
         return pool
     from tracerl.engine.local import LocalEngine
 
@@ -112,12 +110,12 @@ async def start(
     return pool
 
 
-def adapter_sync(config: TrainCommandConfig, trainer: AnyTrainer) -> bool:
+def adapter_sync(config: TrainCommandConfig) -> bool:
     """Engine servers take a LoRA run's adapters alone (`RUN_DIR/adapter/`, loaded by name over
     their base): tracerl's own engine servers, launched or attached, off Ray. vLLM, SGLang and
     Ray engines load the merged export instead."""
     local = config.engine.backend == "local" and config.cluster.backend != "ray"
-    return local and trainer.adapter_weights() is not None
+    return local and config.trainer.lora is not None
 
 
 async def push(

@@ -425,7 +425,7 @@ class RLLoop:
             servers = engines.served(c, self._given_engines)
             sync_bytes = await engines.push(
                 self.pool, self.trainer, self.run_dir, step, servers,
-                servers and engines.adapter_sync(c, self.trainer),
+                servers and engines.adapter_sync(c),
             )  # fmt: skip
             sync_s = time.monotonic() - synced
             probed, probe_s = None, 0.0

@@ -33,11 +33,15 @@ import torch
 from torch import nn
 
 from tracerl.config.train import ALL_LINEAR, LoraConfig
-from tracerl.engine.adapters import PEFT_PREFIX, AdapterWeights
+from tracerl.engine.adapters import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    PEFT_PREFIX,
+    AdapterWeights,
+    tuner_layers,
+)
 
 ADAPTER = "default"  # peft's adapter name inside the model; never written to a file
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 class LoraError(ValueError):
@@ -56,13 +60,6 @@ def _peft_config(settings: LoraConfig) -> Any:
         ),
         bias="none",
     )
-
-
-def tuner_layers(model: nn.Module) -> dict[str, Any]:
-    """The adapted layers by module name."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    return {n: m for n, m in model.named_modules() if isinstance(m, BaseTunerLayer)}
 
 
 def add_adapters(model: nn.Module, settings: LoraConfig) -> None:
