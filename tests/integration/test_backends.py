@@ -140,6 +140,21 @@ def test_launch_commands_carry_the_engine_settings() -> None:
         assert flag in joined
 
 
+def test_lora_launches_enable_runtime_adapters_on_vllm_and_sglang() -> None:
+    config = EngineConfig(backend="vllm", lora_rank=4)
+    argv, env = launch_command(config, resolve_model("tiny"), 8000)
+    assert "--enable-lora" in argv and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert argv[argv.index("--max-lora-rank") + 1] == "8"  # vLLM's smallest rank from 4 up
+    assert argv[argv.index("--max-loras") + 1] == "4"
+    sglang, _ = launch_command(
+        config.model_copy(update={"backend": "sglang"}), resolve_model("tiny"), 1
+    )
+    assert "--enable-lora" in sglang and sglang[sglang.index("--max-lora-rank") + 1] == "4"
+    assert sglang[sglang.index("--max-loras-per-batch") + 1] == "4"
+    plain, env = launch_command(EngineConfig(backend="vllm"), resolve_model("tiny"), 2)
+    assert "--enable-lora" not in plain and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
+
+
 @pytest.mark.parametrize("backend", ["sim", "local"])
 async def test_the_pool_launches_engines_of_a_backend(backend: str, tmp_path: Path) -> None:
     config = EngineConfig(backend=backend, count=2, kv_cache_tokens=2048)  # type: ignore[arg-type]

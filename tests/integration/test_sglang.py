@@ -16,9 +16,10 @@ from aiohttp import web
 from tests.waiting import wait_until
 from tracerl.config import EngineConfig, PoolConfig
 from tracerl.control.collector import MetricsCollector
+from tracerl.engine.adapters import AdapterFiles
 from tracerl.engine.server import start_server
 from tracerl.engine.sglang import SGLangClient
-from tracerl.engine.types import GenerateRequest
+from tracerl.engine.types import GenerateRequest, WeightLoadError
 from tracerl.rollout.backends import client_for
 from tracerl.rollout.pool import EnginePool, Member
 
@@ -36,6 +37,8 @@ class FakeSGLang:
     running: int = 0
     generated: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    adapters: dict[str, str] = field(default_factory=dict)
+    """Loaded LoRA adapters: served name -> path (`/load_lora_adapter`)."""
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -45,6 +48,10 @@ class FakeSGLang:
         if unknown:  # SGLang's API contract rejects unknown sampling keys
             return web.json_response({"error": f"unknown keys {sorted(unknown)}"}, status=400)
         rid, n = body["rid"], params.get("max_new_tokens", 128)
+        adapter = body.get("lora_path")
+        if adapter is not None and adapter not in self.adapters:
+            return web.json_response({"error": f"LoRA adapter {adapter} is not loaded"}, 400)
+        shift = 1000 * int(adapter.rpartition("-v")[2]) if adapter else 0  # which one sampled
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         self.running += 1
@@ -59,7 +66,7 @@ class FakeSGLang:
                     finish: dict[str, Any] = {"type": "abort", "message": "Aborted"}
                     await self._send(resp, rid, [], finish, k, spans)
                     break
-                token = 100 + (params.get("sampling_seed") or 0) + k
+                token = 100 + (params.get("sampling_seed") or 0) + k + shift
                 if spans and spans[-1]["version"] == self.version:
                     spans[-1]["end"] = k + 1
                 else:
@@ -115,6 +122,28 @@ class FakeSGLang:
         self.version = body["weight_version"]
         return web.json_response({"success": True, "message": "ok", "num_paused_requests": 0})
 
+    async def load_lora(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        name, path = body["lora_name"], body["lora_path"]
+        if name in self.adapters:  # SGLang refuses a name it serves
+            return web.json_response(
+                {"success": False, "error_message": f"{name} is already loaded"}, status=400
+            )
+        if not path.startswith("/good"):
+            return web.json_response(
+                {"success": False, "error_message": f"cannot read {path}"}, status=400
+            )
+        self.adapters[name] = path
+        return web.json_response({"success": True, "loaded_adapters": self.adapters})
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        self.adapters.pop((await request.json())["lora_name"])
+        return web.json_response({"success": True, "loaded_adapters": self.adapters})
+
+    async def set_version(self, request: web.Request) -> web.Response:
+        self.version = (await request.json())["new_version"]
+        return web.json_response({"success": True, "message": "ok"})
+
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response(
             {"model_path": "m", "is_generation": True, "weight_version": self.version}
@@ -149,7 +178,10 @@ class FakeSGLang:
         for path, handler in (("/generate", self.generate), ("/abort_request", self.abort),
                               ("/pause_generation", self.pause),
                               ("/continue_generation", self.resume),
-                              ("/update_weights_from_disk", self.update)):  # fmt: skip
+                              ("/update_weights_from_disk", self.update),
+                              ("/load_lora_adapter", self.load_lora),
+                              ("/unload_lora_adapter", self.unload_lora),
+                              ("/update_weight_version", self.set_version)):  # fmt: skip
             app.router.add_post(path, handler)
         for path, handler in (("/model_info", self.model_info), ("/server_info", self.server_info),
                               ("/v1/models", self.models), ("/health", self.health),
@@ -237,6 +269,42 @@ async def test_a_weight_update_in_place_labels_every_token(sglang) -> None:
     await asyncio.wait_for(task, 30)
     assert chunks[-1].weight_version == 1 and chunks[-1].weight_version_min == 0
     assert (await pool.model_info())["weight_version"] == 1
+
+
+async def test_lora_versions_load_under_their_own_names_and_label_their_tokens(sglang) -> None:
+    """Each adapter push is a new served name (SGLang refuses to reload one); requests naming
+    the adapter go to its newest version; one running across a push finishes on the version it
+    started on, and its tokens say so although the server's global label moved on; versions
+    older than the last two are unloaded; a push SGLang cannot load is an error."""
+    fakes, pool = sglang
+    for version in (1, 2):
+        files = AdapterFiles("run", f"/good/{version}")
+        await pool.update_weights(None, version, adapter_files=files)
+    out = await pool.generate(request("l1", 3))
+    assert (out.adapter, out.weight_version) == ("run", 2)
+    assert out.output_ids == [2100, 2101, 2102]  # sampled by version 2
+    assert pool.adapter_names() == {"run"}
+    chunks: list[Any] = []
+
+    async def run() -> None:
+        async for chunk in pool.generate_stream(request("l2", 200)):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(run())
+    await wait_until(lambda: len(chunks) >= 5, "5 chunks")
+    await pool.update_weights(None, 3, adapter_files=AdapterFiles("run", "/good/3"))
+    assert all(f.version == "3" and set(f.adapters) == {"run-v2", "run-v3"} for f in fakes)
+    await asyncio.wait_for(task, 30)
+    ids = [i for c in chunks for i in c.output_ids]
+    assert len(ids) == 200 and all(2100 <= i < 2300 for i in ids)  # all version 2's
+    assert {c.weight_version for c in chunks} == {2} and chunks[-1].weight_version_min is None
+    out = await pool.generate(request("l3", 2))
+    assert (out.weight_version, out.output_ids) == (3, [3100, 3101])
+    client = pool.members[0].engine
+    assert isinstance(client, SGLangClient)
+    with pytest.raises(WeightLoadError, match="SGLang could not load adapter /bad/4: cannot"):
+        await client.load_lora_adapter("run", "/bad/4", 4)
+    assert client.served.newest("run") == ("run-v3", 3)  # still serving version 3
 
 
 async def test_weights_sglang_cannot_load_take_it_out_of_rotation(sglang) -> None:

@@ -85,6 +85,26 @@ def test_a_run_on_ray_has_the_shape_of_the_local_run(
     assert until_gone(pids) == []
 
 
+def test_a_lora_run_on_ray_sends_its_adapter_through_the_object_store(
+    tmp_path: Path, runs: Callable[..., Run]
+) -> None:
+    """LoRA on one trainer rank, two engine actors: each step's adapter alone goes through
+    the object store to both engines, which pass the probe; nothing is written for them in the
+    run directory; the traces name the adapter."""
+    lora = ["--trainer.lora.rank=4", "--cluster.trainer.ranks=1"]
+    run = runs(tmp_path / "run", f"--loop.steps={STEPS}", *RAY_ARGS, *lora)
+    assert run.wait() == 0, run.output()
+    lines = metric_lines(run.run_dir)
+    assert [m["step"] for m in lines] == [1, 2, 3]
+    assert all(m["weights/probe_logprob_diff"] < 2e-4 for m in lines)
+    assert all(0 < m["weights/sync_bytes"] < 1e6 for m in lines)  # an adapter, not the model
+    assert not (run.run_dir / "weights").exists() and not (run.run_dir / "adapters").exists()
+    assert [e["weight_version"] for e in run.cluster()["engines"]] == [STEPS, STEPS]
+    with sqlite3.connect(run.run_dir / "traces.sqlite") as db:
+        turns = [json.loads(data) for (data,) in db.execute("SELECT data FROM turns")]
+    assert {t["adapter"] for t in turns if t["weight_version"] >= 1} == {"run"}
+
+
 def test_an_engine_actor_killed_mid_run_is_replaced_and_no_episode_is_lost(
     tmp_path: Path, runs: Callable[..., Run]
 ) -> None:

@@ -11,7 +11,10 @@ its actor (the launcher's parent-death signal), so killing an actor leaves no se
 
 Weights reach the server through its actor (`load_weights`, which the pool calls in place of
 the server's `update_weights_from_disk`): a package from the object store is written to the
-actor's node (`tracerl.cluster.weights`) and loaded from there; a path is loaded as it is.
+actor's node (`tracerl.cluster.weights`) and loaded from there; a path is loaded as it is. A
+LoRA adapter goes the same way (`load_adapter`, in place of the server's `load_lora_adapter`),
+each version into a directory of its own on the node (the newest three kept: a vLLM server
+may read one it still runs requests on again).
 
 The server listens on 127.0.0.1 of its node. With `engine.api_key` set the actor also serves a
 `KeyedProxy` on `cluster.bind` that requires the key, and that is the URL the pool gets;
@@ -91,6 +94,21 @@ class EngineServer:
         else:
             path = source
         await self.client.update_weights_from_disk(path, version)
+
+    async def load_adapter(self, source: Package | str, name: str, version: int) -> None:
+        """Load version `version` of LoRA adapter `name` into the server: a package (written
+        to this node first) or a directory path."""
+        from tracerl.cluster.weights import scratch_dir, unpack
+
+        path = source
+        if isinstance(source, Package):
+            if self.scratch is None:
+                self.scratch = scratch_dir()
+            root = self.scratch / "adapters"
+            path = str(await asyncio.to_thread(unpack, source, root / str(version)))
+            for old in sorted(int(p.name) for p in root.iterdir() if p.name.isdigit())[:-3]:
+                shutil.rmtree(root / str(old), ignore_errors=True)
+        await self.client.load_lora_adapter(name, path, version)
 
     async def wait(self) -> int | None:
         """Returns when the server exits (its exit code)."""
@@ -179,6 +197,20 @@ class RayEngineLauncher:
             await self.actor.load_weights.remote(self.weights.resolve(path), version)
         except Exception as e:
             raise WeightLoadError(f"{self.name}: loading v{version} failed: {cause(e)}") from e
+
+    async def load_adapter(self, name: str, path: str, version: int) -> None:
+        """Bring the server's LoRA adapter `name` to `version` from `path` (an object-store
+        package's name, or a directory on the actor's node), through its actor."""
+        from tracerl.engine.types import WeightLoadError
+
+        if self.actor is None:
+            raise WeightLoadError(f"{self.name} is not running")
+        try:
+            await self.actor.load_adapter.remote(self.weights.resolve(path), name, version)
+        except Exception as e:
+            raise WeightLoadError(
+                f"{self.name}: loading adapter v{version} failed: {cause(e)}"
+            ) from e
 
     async def stop(self) -> None:
         if self.actor is None:

@@ -112,6 +112,19 @@ class TrainerRank:
         package = self.packer.package(self.trainer, self.rank)
         return [ray.put(package)] if package is not None else None
 
+    def pack_adapter(self) -> list[Any]:
+        """The LoRA adapter in the object store (one rank: LoRA trains on one):
+        `[reference, bytes]`."""
+        import ray
+
+        from tracerl.cluster.weights import pack_adapter
+
+        package = pack_adapter(self.trainer)
+        return [ray.put(package), sum(len(data) for data in package.files.values())]
+
+    def write_adapter(self, path: str) -> str:
+        return str(self.trainer.write_adapter(Path(path)))
+
     def step_count(self) -> int:
         return int(self.trainer.step_count)
 
@@ -213,6 +226,18 @@ class RayTrainer:
         assert self.weights is not None, "cluster.weight_sync is 'disk'"
         (ref,) = self._all("pack_weights")[0]
         return self.weights.publish(version, ref)
+
+    def publish_adapter(self, version: int) -> tuple[str, int]:
+        """The LoRA adapter in the object store, named in `self.weights`: that name (the
+        adapter's path to give the engine pool) and the package's bytes."""
+        assert self.weights is not None, "cluster.weight_sync is 'disk'"
+        ref, nbytes = self._all("pack_adapter")[0]
+        return self.weights.publish(version, ref, adapter=True), int(nbytes)
+
+    def write_adapter(self, path: Path) -> Path:
+        """The LoRA adapter in peft's layout at `path`, written by the rank (on its node: a
+        filesystem the engines share, `cluster.weight_sync = "disk"`)."""
+        return Path(self._all("write_adapter", str(path))[0])
 
     def adapter_weights(self) -> None:
         """Ray ranks push through the object store or an export, never in process."""

@@ -10,6 +10,10 @@ safetensors file of named parameters; otherwise every package is a full export).
 the package in the object store; each engine actor writes the tensors straight from the store
 into a safetensors file (`write_safetensors`): one copy into the store, one onto the node.
 
+A LoRA run's package is its adapter alone (`pack_adapter`: peft's `adapter_config.json` and
+`adapter_model.safetensors`, a few MB), published as `object-store:adapter-vN`; each engine
+actor writes it to its node and has its server load it by name (`load_lora_adapter`).
+
 The driver keeps the newest package's reference in a `WeightsChannel` under a name of its own
 (`object-store:vN`), which is what the engine pool records as the weights' path: every engine
 actor, and one that replaces a dead engine later, resolves that name to the package, writes it
@@ -186,6 +190,16 @@ def scratch_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="tracerl-weights-", dir=base))
 
 
+def pack_adapter(trainer: Any) -> Package:
+    """The trainer's LoRA adapter as a package (peft's two files, read from a scratch
+    directory it is written to and removed from)."""
+    scratch = scratch_dir()
+    try:
+        return Package(pack(Path(trainer.write_adapter(scratch / "adapter"))))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 @dataclass
 class WeightsChannel:
     """The driver's newest weights package: its name (the pool's weights path) and its object
@@ -194,8 +208,8 @@ class WeightsChannel:
     name: str | None = None
     ref: Any = None
 
-    def publish(self, version: int, ref: Any) -> str:
-        self.name, self.ref = f"{PREFIX}v{version}", ref
+    def publish(self, version: int, ref: Any, adapter: bool = False) -> str:
+        self.name, self.ref = f"{PREFIX}{'adapter-' if adapter else ''}v{version}", ref
         return self.name
 
     def resolve(self, path: str) -> Any:

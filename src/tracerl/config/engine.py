@@ -87,6 +87,16 @@ class EngineConfig(Config):
     seed: int = 0
     """Seed of the engine's own random stream, used for requests without a `seed`."""
 
+    lora_rank: int = Field(default=0, ge=0, le=512)
+    """Launched vLLM and SGLang servers load LoRA adapters up to this rank (0: they are
+    launched without LoRA). `tracerl train` with `[trainer.lora]` sets it to the adapters'
+    rank when unset; the embedded engine and `tracerl engine` take any rank."""
+
+    max_loras: int = Field(default=4, ge=2, le=64)
+    """LoRA adapters a launched vLLM or SGLang server holds at once (`engine.lora_rank` set):
+    each weight push is a new adapter version, and requests still running on the previous
+    one keep it until they finish, so at least 2."""
+
 
 class ServerConfig(Config):
     host: str = "127.0.0.1"

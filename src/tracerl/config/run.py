@@ -183,6 +183,15 @@ class TrainCommandConfig(Config):
                 f"trainer.lora is set with cluster.trainer.ranks = {ranks}: LoRA trains on one "
                 "rank for now (FSDP2 sharding of adapters is not supported yet)"
             )
+        lora, engine = self.trainer.lora, self.engine
+        if lora is not None and engine.backend in ("vllm", "sglang"):
+            if engine.lora_rank == 0:  # the run's servers take its adapters
+                engine.lora_rank = lora.rank
+            elif engine.lora_rank < lora.rank:
+                raise ValueError(
+                    f"engine.lora_rank ({engine.lora_rank}) is below trainer.lora.rank "
+                    f"({lora.rank}): the {engine.backend} servers could not load the adapters"
+                )
         if ranks > self.orchestrator.batch_size:
             raise ValueError(
                 f"cluster.trainer.ranks ({ranks}) is above orchestrator.batch_size "

@@ -139,6 +139,8 @@ class EngineClient:
         self.timeout_s = timeout_s
         self._api_key = api_key
         self._session: aiohttp.ClientSession | None = None
+        self._adapters: set[str] = set()
+        """The LoRA adapters the server reported at its last `model_info`."""
 
     async def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -224,7 +226,14 @@ class EngineClient:
         return await self._answers("/health_generate")
 
     async def model_info(self) -> dict[str, Any]:
-        return dict(await self._request("GET", "/get_model_info"))
+        info = dict(await self._request("GET", "/get_model_info"))
+        self._adapters = set(info.get("adapters") or ())
+        return info
+
+    def adapter_names(self) -> set[str]:
+        """The LoRA adapters a request may name: the server's, as of its last `model_info`
+        (the pool reads it after every weight push)."""
+        return set(self._adapters)
 
     async def metrics_text(self) -> str:
         http = await self._http()

@@ -305,9 +305,16 @@ class LocalEngine:
             self.adapters = adapter_names(self.model)
             self.scheduler.adapters_loaded = True
             self.scheduler.weights_changed()  # cached K/V came from the old adapter
-            self.weight_version = self.scheduler.weight_version = weight_version
+            # the adapter's tokens are labelled with its own version, the base's with theirs
+            # (several runs' adapters on one engine each count their own steps)
+            self.scheduler.adapter_versions[adapter.name] = weight_version
+            self.weight_version = weight_version
 
         await self._call(apply)
+
+    def adapter_names(self) -> set[str]:
+        """The LoRA adapters a request may name (`lora_path`; the gateway's `model`)."""
+        return set(self.adapters)
 
     async def load_lora_adapter(self, name: str, path: str, weight_version: int) -> None:
         """`update_adapter` from peft's adapter directory (what `/load_lora_adapter` serves)."""
@@ -344,6 +351,7 @@ class LocalEngine:
             "embedding_size": self.embedding_size,
             "eos_token_ids": self.eos_ids_sorted(),
             "weight_version": self.weight_version,
+            "adapters": dict(self.scheduler.adapter_versions),
             "kv_cache_tokens": self.config.kv_cache_tokens,
             "max_running_requests": self.config.max_running_requests,
             "device": str(self.device),

@@ -113,6 +113,9 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.device = runner.device
         self.weight_version = 0
+        """The base weights' version: it labels what sequences without an adapter sample."""
+        self.adapter_versions: dict[str, int] = {}
+        """Each loaded adapter's version: it labels what that adapter's sequences sample."""
         self.pause_mode: PauseMode | None = None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # index == KV slot
@@ -266,9 +269,12 @@ class Scheduler:
                 output_logprobs=new_lps,
                 prompt_tokens=len(seq.prompt),
                 completion_tokens=len(seq.output),
-                weight_version=self.weight_version,
+                weight_version=self.weight_version
+                if seq.adapter is None
+                else self.adapter_versions[seq.adapter],
                 finish_reason=seq.finish,
                 matched_stop=seq.matched,
+                adapter=seq.adapter,
             )
         )
         if seq.finish is not None:

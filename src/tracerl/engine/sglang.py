@@ -12,6 +12,10 @@ The engine wire protocol is SGLang's own (`/generate`, `/abort_request`, `/pause
   the weights cannot be loaded, and takes the version label (`weight_version`) with them;
 - the model and its weight version come from `/model_info`; the KV capacity from
   `/server_info`;
+- LoRA adapters (launched with `engine.lora_rank`: `--enable-lora`): `/load_lora_adapter`
+  loads each pushed version under a name of its own, `/unload_lora_adapter` drops old ones and
+  `/update_weight_version` sets the version (`tracerl.engine.served_adapters`); a request's
+  `lora_path` is sent as that adapter's newest version, whose number labels its tokens;
 - `/metrics` carries `sglang:*` names (the collector reads them beside vLLM's); streaming
   returns only new tokens per chunk when the server runs with `--incremental-streaming-output`,
   which `tracerl.rollout.backends` passes.
@@ -19,14 +23,48 @@ The engine wire protocol is SGLang's own (`/generate`, `/abort_request`, `/pause
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from tracerl.engine.client import EngineClient, EngineHTTPError, version_label
-from tracerl.engine.types import GenerateRequest, WeightLoadError
+from tracerl.engine.served_adapters import ServedAdapters
+from tracerl.engine.types import GenerateOutput, GenerateRequest, WeightLoadError
+
+log = logging.getLogger(__name__)
 
 
 class SGLangClient(EngineClient):
-    serves_lora_adapters = False  # its LoRA API is not wired in yet: merged exports
+    serves_lora_adapters = True
+
+    def __init__(self, base_url: str, timeout_s: float = 600.0, api_key: str | None = None) -> None:
+        super().__init__(base_url, timeout_s, api_key)
+        self.served = ServedAdapters()
+
+    def _to_served(self, request: GenerateRequest) -> tuple[GenerateRequest, int | None]:
+        """`request` naming its adapter's newest version, and that version (None: the base,
+        or an adapter this client did not load, sent as named)."""
+        newest = self.served.newest(request.lora_path) if request.lora_path else None
+        if newest is None:
+            return request, None
+        return request.model_copy(update={"lora_path": newest[0]}), newest[1]
+
+    @staticmethod
+    def _labelled(chunk: GenerateOutput, version: int | None) -> GenerateOutput:
+        if version is not None:  # SGLang's label is its global version, not the adapter's
+            chunk.weight_version, chunk.weight_version_min = version, None
+        return chunk
+
+    async def generate(self, request: GenerateRequest) -> GenerateOutput:
+        sent, version = self._to_served(request)
+        return self._labelled(await super().generate(sent), version)
+
+    async def generate_stream(
+        self, request: GenerateRequest
+    ) -> AsyncGenerator[GenerateOutput, None]:
+        sent, version = self._to_served(request)
+        async for chunk in super().generate_stream(sent):
+            yield self._labelled(chunk, version)
 
     @staticmethod
     def _wire(request: GenerateRequest, stream: bool) -> dict[str, Any]:
@@ -63,6 +101,31 @@ class SGLangClient(EngineClient):
         if isinstance(reply, dict) and reply.get("success") is False:
             raise WeightLoadError(f"SGLang could not load {model_path}: {reply.get('message')}")
 
+    async def load_lora_adapter(self, name: str, path: str, weight_version: int) -> None:
+        """Version `weight_version` of adapter `name` from peft's directory `path` (which must
+        not change after), under its own served name; older versions are unloaded."""
+        served = self.served.served_name(name, weight_version)
+        try:
+            reply = await self._request(
+                "POST", "/load_lora_adapter", {"lora_name": served, "lora_path": path}
+            )
+            refused = isinstance(reply, dict) and reply.get("success") is False
+        except EngineHTTPError as e:
+            if e.status >= 500:
+                raise
+            reply, refused = e.body, True
+        if refused:
+            raise WeightLoadError(f"SGLang could not load adapter {path}: {_why(reply)}")
+        for old in self.served.loaded(name, weight_version):
+            try:
+                await self._request("POST", "/unload_lora_adapter", {"lora_name": old})
+            except EngineHTTPError as e:  # it stays loaded until SGLang evicts it: no harm
+                log.warning("SGLang at %s kept adapter %s: %s", self.base_url, old, e)
+        await self._request("POST", "/update_weight_version", {"new_version": str(weight_version)})
+
+    def adapter_names(self) -> set[str]:
+        return self.served.names()
+
     async def model_info(self) -> dict[str, Any]:
         info = dict(await self._request("GET", "/model_info"))
         server = await self._request("GET", "/server_info")
@@ -73,4 +136,12 @@ class SGLangClient(EngineClient):
             models = await self._request("GET", "/v1/models")
             info["max_model_len"] = int(models["data"][0]["max_model_len"])
         info["backend"] = "sglang"
+        info["adapters"] = {n: v[-1] for n, v in self.served.versions.items()}
         return info
+
+
+def _why(reply: Any) -> str:
+    """SGLang's reason in a failed reply (`error_message` or `message`), else the reply."""
+    if isinstance(reply, dict):
+        return str(reply.get("error_message") or reply.get("message") or reply)
+    return str(reply)

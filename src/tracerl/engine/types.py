@@ -131,6 +131,9 @@ class GenerateOutput:
     """The pool member that generated this chunk (the pool sets it; never on the wire)."""
     attempts: int = 0
     """Attempts the pool has made for the request so far (the pool sets it; never on the wire)."""
+    adapter: str | None = None
+    """The LoRA adapter that sampled these tokens (the request's `lora_path`; None: the base
+    model); `weight_version` is then that adapter's version."""
 
     def to_wire(self) -> dict[str, Any]:
         finish: dict[str, Any] | None = None

@@ -19,6 +19,12 @@ What each part of the protocol maps onto (the server runs with `--enable-scale-o
   restart), `POST /reset_prefix_cache?reset_running_requests=true` (vLLM keeps its prefix
   cache across a reload), then `POST /update_weight_version`; the version is read back from
   `/weight_info`.
+- LoRA adapters (a server launched with `engine.lora_rank`, `--enable-lora` and
+  `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`): `POST /v1/load_lora_adapter` loads each pushed
+  version under a name of its own and `/v1/unload_lora_adapter` drops old ones
+  (`tracerl.engine.served_adapters`); a request's `lora_path` becomes the generate request's
+  `model`, the adapter's newest version, and its tokens are labelled with that version. No
+  prefix-cache reset: vLLM keys cached blocks by adapter name and path.
 - `/health`; `health_generate` generates one token; `model_info` reads `/v1/models` and
   `/weight_info`; `/metrics` is vLLM's own, the names the collector reads, plus
   `tracerl:paused` from `/is_paused`.
@@ -27,6 +33,7 @@ What each part of the protocol maps onto (the server runs with `--enable-scale-o
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
@@ -44,14 +51,17 @@ from tracerl.engine.client import (
     version_label,
 )
 from tracerl.engine.protocol import PauseMode, collect
+from tracerl.engine.served_adapters import ServedAdapters
 from tracerl.engine.types import GenerateOutput, GenerateRequest, WeightLoadError
+
+log = logging.getLogger(__name__)
 
 _PAUSE = {"in_place": "keep", "retract": "keep", "abort": "abort"}
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
 class VLLMClient(EngineClient):
-    serves_lora_adapters = False  # its LoRA API is not wired in yet: merged exports
+    serves_lora_adapters = True
 
     def __init__(
         self,
@@ -74,6 +84,7 @@ class VLLMClient(EngineClient):
         self._weight_version: int | None = None
         """The version this client last loaded or read (the final chunk's spans are vLLM's
         own word for every token; this labels the chunks before it)."""
+        self.served = ServedAdapters()
 
     async def _max_len(self) -> int:
         if self._max_model_len is None:
@@ -114,13 +125,17 @@ class VLLMClient(EngineClient):
                 "json": orjson.loads(p.json_schema),
                 "disable_any_whitespace": True,
             }
-        return {
+        body = {
             "request_id": request.rid,
             "token_ids": request.input_ids,
             "sampling_params": params,
             "stream": stream,
             "output_mode": "tokens",
         }
+        if request.lora_path is not None:  # its newest version here, or a name vLLM knows
+            newest = self.served.newest(request.lora_path)
+            body["model"] = newest[0] if newest else request.lora_path
+        return body
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         return await collect(self.generate_stream(request))
@@ -139,8 +154,10 @@ class VLLMClient(EngineClient):
             if self._weight_version is None:
                 self._weight_version = await self._served_version()
             version = self._weight_version
+            newest = self.served.newest(request.lora_path) if request.lora_path else None
+            adapter_version = newest[1] if newest else None  # it samples the whole request
             async for payload in sse_events(resp):
-                chunk = self._chunk(payload, request, done, version)
+                chunk = self._chunk(payload, request, done, version, adapter_version)
                 done += len(chunk.output_ids)
                 yield chunk
                 if chunk.finish_reason is not None:
@@ -148,8 +165,16 @@ class VLLMClient(EngineClient):
         raise EngineReplyError("stream ended without a finish reason")
 
     @staticmethod
-    def _chunk(payload: Any, request: GenerateRequest, done: int, version: int) -> GenerateOutput:
-        """One stream event as a chunk; `EngineReplyError` if it is not a tokens chunk."""
+    def _chunk(
+        payload: Any,
+        request: GenerateRequest,
+        done: int,
+        version: int,
+        adapter_version: int | None = None,
+    ) -> GenerateOutput:
+        """One stream event as a chunk; `EngineReplyError` if it is not a tokens chunk.
+        `adapter_version`: the adapter version the request was sent to, which labels every
+        token (vLLM's labels are the global version)."""
         try:
             choice = payload["choices"][0]
             ids = [int(t) for t in choice.get("token_ids") or []]
@@ -166,6 +191,8 @@ class VLLMClient(EngineClient):
             raise EngineReplyError(f"unknown finish_reason {reason!r}")
         spans = choice.get("weight_versions") or []
         versions = [version_label(span.get("version")) for span in spans if isinstance(span, dict)]
+        if adapter_version is not None:
+            versions = [adapter_version]
         stop = choice.get("stop_reason")
         return GenerateOutput(
             rid=request.rid,
@@ -219,6 +246,32 @@ class VLLMClient(EngineClient):
         await self._request("POST", "/update_weight_version", {"new_version": str(weight_version)})
         self._weight_version = weight_version
 
+    async def load_lora_adapter(self, name: str, path: str, weight_version: int) -> None:
+        """Version `weight_version` of adapter `name` from peft's directory `path` (which must
+        not change after), under its own served name; older versions are unloaded."""
+        served = self.served.served_name(name, weight_version)
+        body = {"lora_name": served, "lora_path": path}
+        try:
+            await self._request("POST", "/v1/load_lora_adapter", body)
+        except EngineHTTPError as e:
+            if e.status == 404:
+                raise WeightLoadError(
+                    f"vLLM at {self.base_url} does not load LoRA adapters: launch it with "
+                    "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (engine.lora_rank "
+                    "does both for launched servers)"
+                ) from None
+            raise WeightLoadError(f"vLLM could not load adapter {path}: {e.body}") from None
+        for old in self.served.loaded(name, weight_version):
+            try:
+                await self._request("POST", "/v1/unload_lora_adapter", {"lora_name": old})
+            except EngineHTTPError as e:  # it stays loaded until vLLM evicts it: no harm
+                log.warning("vLLM at %s kept adapter %s: %s", self.base_url, old, e)
+        await self._request("POST", "/update_weight_version", {"new_version": str(weight_version)})
+        self._weight_version = weight_version
+
+    def adapter_names(self) -> set[str]:
+        return self.served.names()
+
     async def health_generate(self) -> bool:
         probe = GenerateRequest.model_validate(
             {"input_ids": [1], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
@@ -235,6 +288,7 @@ class VLLMClient(EngineClient):
             "model_path": model.get("root") or model.get("id"),
             "max_model_len": self._max_model_len,
             "weight_version": self._weight_version,
+            "adapters": {n: v[-1] for n, v in self.served.versions.items()},
             "backend": "vllm",
         }
 

@@ -84,6 +84,8 @@ class Completion:
     weight_version: int
     prompt_tokens: int
     weight_version_min: int | None = None
+    adapter: str | None = None
+    """The LoRA adapter that sampled it (None: the model's own weights)."""
     served_by: str | None = None
     """The pool member that generated it, and in how many attempts (None, 0: no pool)."""
     attempts: int = 0
@@ -98,9 +100,11 @@ async def generate(
     eos_ids: set[int],
     stream: bool = True,
     traceparent: str | None = None,
+    adapter: str | None = None,
 ) -> AsyncIterator[Progress | Completion]:
     """Yield the reply so far after each engine chunk, then the `Completion`. `traceparent`:
-    the gateway request's span, parent of the pool's generation span.
+    the gateway request's span, parent of the pool's generation span; `adapter`: the LoRA
+    adapter to sample with (None: the engine's default).
 
     Without `stream` (and without stop strings, which need the text as it grows) the engine is
     asked for the whole reply at once, which costs one JSON reply instead of a stream of events.
@@ -112,6 +116,7 @@ async def generate(
         return_logprob=True,
         stream=False,
         traceparent=traceparent,
+        lora_path=adapter,
         sampling_params=SamplingParams(
             max_new_tokens=spec.max_new_tokens,
             temperature=spec.temperature,
@@ -145,6 +150,8 @@ async def generate(
                 version = chunk.weight_version
                 if chunk.served_by is not None:  # the pool's word (its last chunk may lack it)
                     served_by, attempts = chunk.served_by, chunk.attempts
+                if chunk.adapter is not None:
+                    adapter = chunk.adapter
                 if chunk.weight_version_min is not None:
                     min_version = chunk.weight_version_min
                 if incremental:
@@ -195,6 +202,7 @@ async def generate(
         weight_version=version,
         prompt_tokens=len(prompt_ids),
         weight_version_min=min_version,
+        adapter=adapter,
         served_by=served_by,
         attempts=attempts,
     )

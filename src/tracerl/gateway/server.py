@@ -176,6 +176,7 @@ class Gateway:
                 closed=record.status == "closed",
                 next_index=len(turns),
                 traceparent=record.meta.get("traceparent"),
+                adapter=record.meta.get("adapter"),
             )
             if not state.closed:  # closed ones are read from the store when asked for
                 self.sessions[sid] = state
@@ -200,12 +201,19 @@ class Gateway:
         system_prompt = body.get("system_prompt", self.system_prompt)
         if system_prompt is not None and not isinstance(system_prompt, str):
             return error_response(OPENAI, 400, "expected a string", "system_prompt")
+        adapter = body.get("adapter")
+        if adapter is not None and (not isinstance(adapter, str) or not adapter):
+            return error_response(OPENAI, 400, "expected an adapter's name", "adapter")
         sid, key = secrets.token_hex(16), secrets.token_urlsafe(32)
         meta = {"system_prompt": system_prompt, "metadata": body.get("metadata") or {}}
         if tp := valid_traceparent(body.get("traceparent")):  # the episode's span
             meta["traceparent"] = tp
+        if adapter is not None:
+            meta["adapter"] = adapter
         await self.store.create_session(sid, key_hash(key), meta)
-        self.sessions[sid] = SessionState(sid, key_hash(key), system_prompt, traceparent=tp)
+        self.sessions[sid] = SessionState(
+            sid, key_hash(key), system_prompt, traceparent=tp, adapter=adapter
+        )
         base = f"{request.scheme}://{request.host}/s/{sid}"
         return web.json_response(
             {
@@ -306,6 +314,23 @@ class Gateway:
             return error_response(dialect, 401, "missing or invalid API key")
         return state
 
+    def _adapter(self, model: Any, state: SessionState | None) -> str | None:
+        """The LoRA adapter that samples a request: the one its `model` names, where the
+        engines hold an adapter by that name; else its session's (`POST /sessions` with
+        `adapter`); else None, the engines' default (a LoRA run's own adapter)."""
+        names = getattr(self.engine, "adapter_names", None)
+        known: set[str] | None = set(names()) if names is not None else None
+        if isinstance(model, str) and known is not None and model in known:
+            return model
+        wanted = state.adapter if state is not None else None
+        if wanted is not None and known is not None and wanted not in known:
+            loaded = ", ".join(sorted(known)) or "none"
+            raise BadRequest(
+                "adapter",
+                f"the session's adapter {wanted!r} is not loaded on the engines (loaded: {loaded})",
+            )
+        return wanted
+
     async def count_tokens(self, request: web.Request, sid: str | None) -> web.Response:
         body = await read_json(request, ANTHROPIC)
         if isinstance(body, web.Response):
@@ -366,6 +391,7 @@ class Gateway:
                 body = await with_references_resolved(self.store, state, body)
             parsed = dialect.parse_request(body)
             parsed.spec.stop_token_ids = self.stop_ids
+            adapter = self._adapter(body.get("model"), state)
             previous = parsed.extra.get("previous_response_id")
             if previous is not None:
                 at = parsed.extra["history_at"]
@@ -407,6 +433,7 @@ class Gateway:
             self.eos_ids,
             stream=parsed.stream,
             traceparent=span.traceparent,
+            adapter=None if demo else adapter,  # a demonstration is the client's, not sampled
         )
         try:
             first = await anext(items)

@@ -77,6 +77,8 @@ class SessionState:
     closed: bool = False
     traceparent: str | None = None
     """The episode's trace context (W3C), parent of its request spans (telemetry on)."""
+    adapter: str | None = None
+    """The LoRA adapter that samples its turns unless a request's `model` names another."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     next_index: int = 0
     # Only the candidates `plan_prompt` searches are kept: each holds its whole context's text
@@ -351,6 +353,7 @@ async def commit_turn(
             finish_reason=outcome.finish,
             weight_version=c.weight_version,
             weight_version_min=c.weight_version_min,
+            adapter=c.adapter,
             client_disconnected=client_disconnected,
             request=turn.body,
             response=response,

@@ -46,6 +46,8 @@ _MODULES = {"vllm": "vllm", "sglang": "sglang", "local": "tracerl", "sim": "trac
 VLLM_STREAM_INTERVAL = 8
 """Tokens per streamed vLLM chunk (vLLM's default is 1): each chunk costs vLLM's API server and
 the pool a JSON event, which on a few cores is time the model does not get."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The `--max-lora-rank` values vLLM (0.32) accepts: a launch takes the smallest that fits."""
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -144,6 +146,11 @@ def launch_command(
         ]
         if config.max_model_len is not None:
             argv += ["--max-model-len", str(config.max_model_len)]
+        if config.lora_rank:  # adapters loaded at run time, one name per version
+            rank = min(r for r in VLLM_LORA_RANKS if r >= config.lora_rank)
+            argv += ["--enable-lora", "--max-lora-rank", str(rank)]
+            argv += ["--max-loras", str(config.max_loras)]
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         # pause, abort, weight reload and version endpoints are vLLM's dev-mode routes; idle
         # connections outlive the client's (IDLE_CONNECTION_S) so none closes under a request
         env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -156,6 +163,10 @@ def launch_command(
         argv += ["--max-running-requests", str(config.max_running_requests)]
         if config.max_model_len is not None:
             argv += ["--context-length", str(config.max_model_len)]
+        if config.lora_rank:
+            argv += ["--enable-lora", "--max-lora-rank", str(config.lora_rank)]
+            argv += ["--max-loras-per-batch", str(config.max_loras)]
+            argv += ["--lora-target-modules", "all"]
     return [*argv, *config.launch_args], env
 
 

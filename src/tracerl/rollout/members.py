@@ -68,9 +68,7 @@ async def load_member(
         if adapter is not None and takes_adapter is not None:
             await takes_adapter(adapter, version)
         elif adapter_files is not None and serves_adapters(member.engine):
-            await member.engine.load_lora_adapter(  # type: ignore[attr-defined]
-                adapter_files.name, adapter_files.path, version
-            )
+            await load_adapter_files(member, adapter_files, version)
         elif tensors is not None and in_process is not None:
             await in_process(tensors, version)
         else:
@@ -79,10 +77,28 @@ async def load_member(
         info = await member.engine.model_info()
     except (WeightLoadError, EngineHTTPError, *RETRYABLE) as e:
         return e
-    if int(info.get("weight_version", -1)) != version:
-        return RuntimeError(f"reports v{info.get('weight_version')}")
+    reported = info.get("weight_version", -1)
+    named = adapter.name if adapter is not None else getattr(adapter_files, "name", None)
+    per_adapter = info.get("adapters")
+    if isinstance(per_adapter, dict) and named in per_adapter:  # the adapter's own version
+        reported = per_adapter[named]
+    if int(reported) != version:
+        return RuntimeError(f"reports v{reported}")
     member.weight_version = version
     return None
+
+
+async def load_adapter_files(member: Member, files: AdapterFiles, version: int) -> None:
+    """Load LoRA adapter `files` into one engine server: through its launcher when that
+    delivers them itself (a Ray actor, which may first fetch them from the object store),
+    else with the server's own `load_lora_adapter`."""
+    deliver = getattr(member.launcher, "load_adapter", None)
+    if deliver is not None:
+        await deliver(files.name, files.path, version)
+    else:
+        await member.engine.load_lora_adapter(  # type: ignore[attr-defined]
+            files.name, files.path, version
+        )
 
 
 async def from_disk(member: Member, model_path: str, version: int) -> None:

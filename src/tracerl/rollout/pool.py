@@ -17,7 +17,7 @@ or talks nonsense costs time, never a sample.
   active engine loads the weights and must report the new version; one that fails is taken out
   and restarted rather than left serving old weights. Bounded by a timeout.
   A launcher with `load_weights(path, version)` (a Ray actor) delivers weights to its engine
-  itself, for syncs and for a restarted engine alike.
+  itself (and LoRA adapters with `load_adapter`), for syncs and for a restarted engine alike.
 
 One module of ~550 lines (its `engine.generate` spans are in `spans.py`, its members and how
 one takes a weight push in `members.py`): routing, health checks, fail-over with resume,
@@ -51,6 +51,7 @@ from tracerl.rollout.members import (
     RETRYABLE,
     Member,
     from_disk,
+    load_adapter_files,
     load_member,
     serves_adapters,
     takes_in_process,
@@ -309,6 +310,7 @@ class EnginePool:
                             chunk.finish_reason = None  # its tokens are: passed on as sampled
                         chunk.rid = request.rid
                         chunk.served_by, chunk.attempts = member.name, attempts
+                        chunk.adapter = attempt.lora_path
                         chunk.prompt_tokens = len(request.input_ids)
                         chunk.completion_tokens = len(progress.ids)
                         if progress.oldest is not None and progress.oldest != chunk.weight_version:
@@ -370,6 +372,7 @@ class EnginePool:
             completion_tokens=len(progress.ids),
             weight_version=progress.newest,
             finish_reason=finish,  # type: ignore[arg-type]
+            adapter=request.lora_path,
         )
 
     # ------------------------------------------------------------------ health
@@ -423,10 +426,7 @@ class EnginePool:
                     if self.weights_path is not None:
                         await from_disk(member, self.weights_path, self.weight_version)
                     if self.adapter_files is not None:  # on the base it restarted with
-                        files = self.adapter_files
-                        await member.engine.load_lora_adapter(  # type: ignore[attr-defined]
-                            files.name, files.path, self.weight_version
-                        )
+                        await load_adapter_files(member, self.adapter_files, self.weight_version)
                     member.weight_version = self.weight_version
                     if not await member.engine.health_generate():
                         raise RuntimeError("health_generate failed")
@@ -443,6 +443,16 @@ class EnginePool:
             member.restarting = False
 
     # ------------------------------------------------------------------ weight sync
+
+    def adapter_names(self) -> set[str]:
+        """The LoRA adapters requests may name: the pool's own and those its active engines
+        report (what the gateway routes a request's `model` by)."""
+        names = {self.adapter} if self.adapter is not None else set()
+        for member in self.members:
+            reported = getattr(member.engine, "adapter_names", None)
+            if member.active and reported is not None:
+                names |= reported()
+        return names
 
     async def update_weights_from_disk(self, model_path: str, weight_version: int) -> None:
         """Bring every active engine to `weight_version` from a Hugging Face directory."""

@@ -8,6 +8,8 @@ step's weights. Split from `loop.py`, which calls these at start-up and after ev
 - On Ray (`cluster.backend = "ray"`) every engine is a server (the embedded engine as
   `tracerl engine`), launched by an actor of its own (`tracerl.cluster.engine_actor`), and
   takes weights through the object store (`cluster.weight_sync`, `tracerl.cluster.weights`).
+- A LoRA run gives servers that load adapters its adapter alone (`adapter_sync`): from
+  `RUN_DIR/adapters/<step>/`, or on Ray through the object store.
 """
 
 from __future__ import annotations
@@ -111,11 +113,12 @@ async def start(
 
 
 def adapter_sync(config: TrainCommandConfig) -> bool:
-    """Engine servers take a LoRA run's adapters alone (`RUN_DIR/adapter/`, loaded by name over
-    their base): tracerl's own engine servers, launched or attached, off Ray. vLLM, SGLang and
-    Ray engines load the merged export instead."""
-    local = config.engine.backend == "local" and config.cluster.backend != "ray"
-    return local and config.trainer.lora is not None
+    """Engine servers take a LoRA run's adapters alone (loaded by name over their base):
+    tracerl's own engine servers, and vLLM or SGLang ones with LoRA enabled
+    (`engine.lora_rank`, which a LoRA run sets for servers it launches), on Ray too."""
+    engine = config.engine
+    takes = engine.backend == "local" or (engine.backend != "sim" and engine.lora_rank > 0)
+    return takes and config.trainer.lora is not None
 
 
 async def push(
@@ -127,10 +130,10 @@ async def push(
     adapters: bool = False,
 ) -> int:
     """Step `step`'s weights into every engine: in process (with LoRA the adapters alone);
-    for servers, the adapters alone when `adapters` (`adapter_sync`), else through the object
-    store (trainer ranks on Ray, by default) or from the export in the run directory (with
-    LoRA, merged). Returns the bytes handed over: the tensors given in process, or the files
-    written for the servers."""
+    for servers, the adapters alone when `adapters` (`adapter_sync`), else the weights; both
+    through the object store (trainer ranks on Ray, by default) or from files in the run
+    directory (without adapter sync, a LoRA run's export is merged). Returns the bytes handed
+    over: the tensors given in process, or the files (or package) written for the servers."""
     if not servers:
         adapter = trainer.adapter_weights()
         if adapter is not None and all(hasattr(m.engine, "update_adapter") for m in pool.members):
@@ -143,12 +146,15 @@ async def push(
 
     if adapters:
         from tracerl.engine.adapters import AdapterFiles
-        from tracerl.train.trainer import Trainer
 
-        assert isinstance(trainer, Trainer)  # adapter_sync: never trainer ranks on Ray
-        written = await asyncio.to_thread(trainer.write_adapter, run_dir / "adapter")
+        if isinstance(trainer, RayTrainer) and trainer.weights is not None:
+            name, nbytes = await asyncio.to_thread(trainer.publish_adapter, step)
+            await pool.update_weights(None, step, adapter_files=AdapterFiles(run_dir.name, name))
+            return nbytes
+        written = await asyncio.to_thread(trainer.write_adapter, run_dir / ADAPTERS / str(step))
         files = AdapterFiles(run_dir.name, str(written))
         await pool.update_weights(None, step, adapter_files=files)
+        _prune_adapters(run_dir / ADAPTERS, step)
         return sum(f.stat().st_size for f in written.iterdir())
     if isinstance(trainer, RayTrainer) and trainer.weights is not None:
         path = await asyncio.to_thread(trainer.publish_weights, step)
@@ -157,6 +163,22 @@ async def push(
     exported = await export(trainer, run_dir)
     await pool.update_weights(str(exported), step)
     return sum(f.stat().st_size for f in exported.glob("*.safetensors"))
+
+
+ADAPTERS = "adapters"
+"""`RUN_DIR/adapters/<step>/`: each pushed adapter version, in peft's layout; a server may
+read one again while requests still run on it (`tracerl.engine.served_adapters`)."""
+KEPT_ADAPTER_DIRS = 3
+
+
+def _prune_adapters(root: Path, newest: int) -> None:
+    """Remove the pushed adapter directories older than the newest `KEPT_ADAPTER_DIRS`
+    (one more than a server holds, so one it just unloaded can still be read)."""
+    import shutil
+
+    steps = sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and p.is_dir())
+    for old in [s for s in steps if s <= newest][:-KEPT_ADAPTER_DIRS]:
+        shutil.rmtree(root / str(old), ignore_errors=True)
 
 
 def _nbytes(tensors: list[tuple[str, Any]]) -> int:

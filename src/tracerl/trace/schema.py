@@ -22,6 +22,9 @@ class Turn(BaseModel):
     weight_version: int
     weight_version_min: int | None = None
     """Set when the turn's tokens span a weight update (a resumed generation): the oldest."""
+    adapter: str | None = None
+    """The LoRA adapter that sampled the turn (its versions are `weight_version`); None: the
+    model's own weights."""
     client_disconnected: bool = False
     request: dict[str, Any]
     response: dict[str, Any]

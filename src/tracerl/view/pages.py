@@ -260,7 +260,9 @@ def _messages_html(messages: list[Message]) -> str:
 
 def _turn_html(turn: Turn) -> str:
     facts = (
-        f"{turn.endpoint} · weight version {turn.weight_version} · finish {turn.finish_reason}"
+        f"{turn.endpoint} · "
+        + (f"adapter {escape(turn.adapter)} " if turn.adapter is not None else "")
+        + f"weight version {turn.weight_version} · finish {turn.finish_reason}"
         f" · {len(turn.prompt_ids)} prompt + {len(turn.completion_ids)} completion tokens"
         + (f" · extends turn {turn.parent}" if turn.parent is not None else "")
         + (" (bridged: the template re-renders that reply)" if turn.bridged else "")
