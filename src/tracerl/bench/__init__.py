@@ -19,6 +19,7 @@ BENCHMARKS = {
     "loop": "tracerl.bench.loop",
     "train": "tracerl.bench.train",
     "learn": "tracerl.bench.learn",
+    "lora": "tracerl.bench.lora",
     "step": "tracerl.bench.step",
     "scale": "tracerl.bench.scale",
     "store": "tracerl.bench.store",
@@ -42,6 +43,9 @@ def run_benchmark(name: str, args: argparse.Namespace) -> int:
         if args.rounds is not None:
             argv += ["--rounds", str(args.rounds)]
         code: int = module.main(argv)
+    elif name == "lora":  # its own options too; --minutes and --work-dir are learn's
+        argv = ["--minutes", str(args.minutes), *(["--quick"] if args.quick else [])]
+        code = module.main(argv + (["--work-dir", args.work_dir] if args.work_dir else []))
     else:
         code = module.main(args)
     return code

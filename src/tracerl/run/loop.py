@@ -64,6 +64,7 @@ from tracerl.run.evals import Evals
 from tracerl.run.metrics import (
     MetricsLog,
     Progress,
+    optimizer_memory,
     process_elapsed_s,
     process_memory,
     release_free_memory,
@@ -449,6 +450,7 @@ class RLLoop:
             {
                 "time/elapsed_s": process_elapsed_s(),
                 **process_memory(),
+                **optimizer_memory(self.trainer),
                 "time/wait_rollouts_s": wait_s,
                 "time/train_s": train_s,
                 "time/weight_sync_s": sync_s,

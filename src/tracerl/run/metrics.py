@@ -208,6 +208,26 @@ def process_memory() -> dict[str, float]:
     return out
 
 
+def optimizer_memory(trainer: Any) -> dict[str, float]:
+    """The trainer's optimizer state (Adam's moments), GiB (`memory/optimizer_gib`; what LoRA
+    shrinks): the actor's and the critic's. Nothing for trainer ranks in other processes
+    (Ray), whose optimizers this process does not hold."""
+    import torch
+
+    optimizers = [getattr(trainer, f"{m}_optimizer", None) for m in ("actor", "critic")]
+    if not any(optimizers):
+        return {}
+    held = sum(
+        value.numel() * value.element_size()
+        for optimizer in optimizers
+        if optimizer is not None
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
+    return {"memory/optimizer_gib": held / 2**30}
+
+
 def release_free_memory() -> bool:
     """Give the pages the C allocator holds free back to the system (glibc's `malloc_trim`);
     False where the C library has none (musl, macOS). glibc keeps what a training step or the

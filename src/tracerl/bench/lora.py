@@ -1,0 +1,202 @@
+"""`tracerl bench lora`: LoRA against full fine-tuning on `tracerl bench learn`'s `hard` task.
+
+Every run is `tracerl train` on the config `bench learn` generates (SmolLM2-135M-Instruct, 4
+prompts x 8 samples, 12 new tokens, temperature 1, constant lr, seed 0), for `--minutes` from
+its process's start, one after another on the otherwise idle machine:
+
+- `full`: every weight trained, at `bench learn`'s lr (5e-6); the embedded engine takes the
+  whole model in process after each step.
+- `lora`: `[trainer.lora]` of rank `--rank` on every linear layer, at `--lora-lr`; the embedded
+  engine takes the adapter alone.
+- `alone` and `shared` (not with `--quick`): one `tracerl engine` server (the embedded engine
+  in a process of its own) and LoRA runs attached to it (`engine.urls`): one run alone, then
+  two at once (seeds 0 and 1), each pushing and sampled by its own adapter.
+
+From each run's `metrics.jsonl`: steps, median step and train time, median weight-sync bytes
+and seconds, peak RSS of the run's process, the optimizer's state; then one judge for all,
+greedy accuracy on the held-out prompts (200; `--quick`: 50) of the run's final weights (its
+`tracerl export`: merged for LoRA). One JSON line per run, then the summary.
+
+Targets (issue 30): LoRA's sync bytes <= 5 % of full's; its median step time <= full's; its
+held-out accuracy >= full's - 3 points; each shared run's steps >= 0.8x half the alone run's
+("alone at half the engine": on this CPU the engine and the trainers share two cores, so a run
+that had half the machine would take about half the alone run's steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tracerl.bench import learn, learn_agents
+from tracerl.envs.dataset import read_jsonl
+from tracerl.run.metrics import read_metrics
+
+TASK = "hard"
+RANK, LORA_LR = 16, 5e-5
+QUICK_MINUTES, QUICK_HELDOUT = 1.5, 50
+
+
+def run_config(task_dir: Path, seed: int, minutes: float, lora: str, engine: str = "") -> str:
+    """`bench learn`'s config of one `hard` run (its lr is given on the command line), with
+    `lora`, the `[trainer.lora]` section, and more `engine` lines for `[engine]`."""
+    text = learn.tracerl_config(
+        "grpo", (task_dir / "train.jsonl").resolve(), (task_dir / "heldout.jsonl").resolve(),
+        seed, minutes, eval_every=0, engine=engine,
+    )  # fmt: skip
+    return text + lora
+
+
+def lora_section(rank: int) -> str:
+    return f"\n[trainer.lora]\nrank = {rank}\n"
+
+
+def train(task_dir: Path, name: str, config: str, minutes: float, *extra: str) -> Path:
+    """One `tracerl train` run in `task_dir/name`; its run directory."""
+    path = task_dir / f"{name}.toml"
+    path.write_text(config)
+    run_dir = task_dir / name
+    learn_agents.train(path, run_dir, minutes * 60 + learn.OVERRUN_S, *extra)
+    return run_dir
+
+
+def judge(run_dir: Path, heldout: list[dict[str, Any]]) -> float:
+    """Greedy held-out accuracy of the run's final weights, through `tracerl export`."""
+    from tracerl.bench.learn_tasks import greedy_accuracy, load_policy
+    from tracerl.cli.main import main as cli
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "model"
+        if cli(["export", str(run_dir), str(out)]) != 0:
+            raise RuntimeError(f"tracerl export {run_dir} failed")
+        model, tokenizer = load_policy(str(out))
+        return greedy_accuracy(model, tokenizer, heldout)
+
+
+def measured(run_dir: Path, system: str, heldout: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """A finished run's line: its steps and medians, memory, and (with `heldout`) the judge."""
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "time/step_s" in r]
+    if not steps:
+        raise RuntimeError(f"{run_dir}: no step finished")
+
+    def median(key: str) -> float:
+        return float(statistics.median(r[key] for r in steps))
+
+    return {
+        "system": system,
+        "run": run_dir.name,
+        "steps": len(steps),
+        "step_s_median": median("time/step_s"),
+        "train_s_median": median("time/train_s"),
+        "sync_bytes_median": median("weights/sync_bytes"),
+        "sync_s_median": median("time/weight_sync_s"),
+        "rss_peak_gib": max(r["memory/rss_peak_gib"] for r in steps),
+        "optimizer_gib": steps[-1].get("memory/optimizer_gib"),
+        "accuracy_after": judge(run_dir, heldout) if heldout is not None else None,
+    }
+
+
+def shared_engine(
+    task_dir: Path, minutes: float, lora: str, lr: float
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One LoRA run alone on a `tracerl engine` server, then two at once on a fresh one."""
+    from tracerl.config import EngineConfig
+    from tracerl.engine.client import EngineClient
+    from tracerl.models import resolve_model
+    from tracerl.rollout.backends import process_launcher
+
+    config = EngineConfig(
+        model="smollm2-135m", kv_cache_tokens=16384, max_running_requests=64, max_model_len=512
+    )
+
+    def attached(seeds: list[int], label: str) -> list[Path]:
+        launcher = process_launcher(
+            config, resolve_model(config.model), task_dir / f"engine-{label}.log",
+            f"engine-{label}", EngineClient,
+        )  # fmt: skip
+        url = asyncio.run(launcher.start())
+        engine = f'urls = ["{url}"]'
+        try:
+            jobs = [
+                (task_dir, f"lora-{label}-seed{s}", run_config(task_dir, s, minutes, lora, engine))
+                for s in seeds
+            ]
+            with ThreadPoolExecutor(len(jobs)) as pool:
+                runs = [
+                    pool.submit(train, *job, minutes, f"--trainer.actor.lr={lr}") for job in jobs
+                ]
+                return [r.result() for r in runs]
+        finally:
+            asyncio.run(launcher.stop())
+
+    (alone,) = attached([0], "alone")
+    shared = attached([0, 1], "shared")
+    return measured(alone, "alone", None), [measured(r, "shared", None) for r in shared]
+
+
+def summarise(runs: dict[str, dict[str, Any]], shared: list[dict[str, Any]]) -> dict[str, Any]:
+    full, lora = runs["full"], runs["lora"]
+    summary: dict[str, Any] = {
+        "sync_bytes_ratio": lora["sync_bytes_median"] / full["sync_bytes_median"],
+        "sync_s_ratio": lora["sync_s_median"] / full["sync_s_median"],
+        "step_s_ratio": lora["step_s_median"] / full["step_s_median"],
+        "steps_ratio": lora["steps"] / full["steps"],
+        "rss_peak_ratio": lora["rss_peak_gib"] / full["rss_peak_gib"],
+        "accuracy_delta_points": 100 * (lora["accuracy_after"] - full["accuracy_after"]),
+    }
+    targets = {
+        "sync_bytes_le_5pct": summary["sync_bytes_ratio"] <= 0.05,
+        "step_time_le_full": summary["step_s_ratio"] <= 1.0,
+        "accuracy_within_3_points": summary["accuracy_delta_points"] >= -3.0,
+    }
+    if shared:
+        half = runs["alone"]["steps"] / 2
+        summary["shared_steps_over_half_alone"] = [r["steps"] / half for r in shared]
+        targets["shared_ge_0.8x_half_alone"] = all(
+            r >= 0.8 for r in summary["shared_steps_over_half_alone"]
+        )
+    summary["targets"] = targets
+    summary["target_met"] = all(targets.values())
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tracerl bench lora", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="1.5-minute runs, no shared engine")
+    parser.add_argument("--minutes", type=float, default=15.0, help="budget of each run")
+    parser.add_argument("--rank", type=int, default=RANK, help="LoRA rank")
+    parser.add_argument("--lora-lr", type=float, default=LORA_LR, help="LoRA's learning rate")
+    parser.add_argument("--work-dir", help="where runs go (default runs/bench-lora-TIME)")
+    args = parser.parse_args(argv)
+    minutes = QUICK_MINUTES if args.quick else args.minutes
+    work = Path(args.work_dir or f"runs/bench-lora-{time.strftime('%Y%m%d-%H%M%S')}")
+    task_dir = work / TASK
+    task_dir.mkdir(parents=True, exist_ok=False)
+    learn.write_task_files(task_dir, TASK)
+    heldout = read_jsonl(task_dir / "heldout.jsonl")[: QUICK_HELDOUT if args.quick else None]
+    lora = lora_section(args.rank)
+    lines: list[dict[str, Any]] = []
+    runs: dict[str, dict[str, Any]] = {}
+    for system, extra, lr in (("full", "", learn.LR), ("lora", lora, args.lora_lr)):
+        config = run_config(task_dir, 0, minutes, extra)
+        run_dir = train(task_dir, system, config, minutes, f"--trainer.actor.lr={lr}")
+        runs[system] = measured(run_dir, system, heldout)
+        lines.append(runs[system])
+        print(json.dumps(runs[system]), flush=True)
+    shared: list[dict[str, Any]] = []
+    if not args.quick:
+        runs["alone"], shared = shared_engine(task_dir, minutes, lora, args.lora_lr)
+        for line in (runs["alone"], *shared):
+            lines.append(line)
+            print(json.dumps(line), flush=True)
+    (work / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    settings = {"minutes": minutes, "rank": args.rank, "lora_lr": args.lora_lr, "full_lr": learn.LR}
+    print(json.dumps({"bench": "lora", **settings, **summarise(runs, shared)}), flush=True)
+    return 0

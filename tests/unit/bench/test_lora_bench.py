@@ -1,0 +1,52 @@
+"""`tracerl bench lora`: the configs it runs and how its summary reads the targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tracerl.bench.lora import lora_section, run_config, summarise
+from tracerl.config import TrainCommandConfig, load_config
+
+
+def test_the_lora_run_is_bench_learns_config_with_adapters(tmp_path: Path) -> None:
+    path = tmp_path / "lora.toml"
+    path.write_text(run_config(tmp_path, 1, 15, lora_section(16), 'urls = ["http://127.0.0.1:9"]'))
+    config = load_config(TrainCommandConfig, path, ["--trainer.actor.lr=5e-05"])
+    assert config.trainer.lora is not None and config.trainer.lora.rank == 16
+    assert config.trainer.actor.lr == 5e-5 and config.trainer.seed == 1
+    assert config.orchestrator.batch_size == 32 and config.loop.max_minutes == 15
+    assert config.engine.urls == ["http://127.0.0.1:9"] and config.eval.every == 0
+    full = tmp_path / "full.toml"
+    full.write_text(run_config(tmp_path, 0, 15, ""))
+    assert load_config(TrainCommandConfig, full).trainer.lora is None
+
+
+def run(steps: int, step_s: float, sync_bytes: float, accuracy: float | None) -> dict[str, Any]:
+    return {
+        "steps": steps, "step_s_median": step_s, "sync_bytes_median": sync_bytes,
+        "sync_s_median": 1.0, "rss_peak_gib": 4.0, "accuracy_after": accuracy,
+    }  # fmt: skip
+
+
+def test_the_summary_checks_each_target() -> None:
+    runs = {"full": run(90, 10.0, 540e6, 0.70), "lora": run(95, 9.5, 20e6, 0.675)}
+    runs["alone"] = run(100, 9.0, 20e6, None)
+    summary = summarise(runs, [run(41, 18, 20e6, None), run(40, 18, 20e6, None)])
+    assert summary["targets"] == {
+        "sync_bytes_le_5pct": True,  # 3.7 %
+        "step_time_le_full": True,
+        "accuracy_within_3_points": True,  # -2.5
+        "shared_ge_0.8x_half_alone": True,  # 0.82x, 0.80x
+    }
+    assert summary["target_met"] is True
+    slower = summarise({**runs, "lora": run(80, 10.5, 30e6, 0.66)}, [run(39, 18, 20e6, None)])
+    assert slower["targets"] == {
+        "sync_bytes_le_5pct": False,  # 5.6 %
+        "step_time_le_full": False,
+        "accuracy_within_3_points": False,  # -4
+        "shared_ge_0.8x_half_alone": False,  # 0.78x
+    }
+    assert summarise(runs, [])["targets"].keys() == {
+        "sync_bytes_le_5pct", "step_time_le_full", "accuracy_within_3_points"
+    }  # fmt: skip
