@@ -305,6 +305,9 @@ async def test_lora_versions_load_under_their_own_names_and_label_their_tokens(s
     with pytest.raises(WeightLoadError, match="SGLang could not load adapter /bad/4: cannot"):
         await client.load_lora_adapter("run", "/bad/4", 4)
     assert client.served.newest("run") == ("run-v3", 3)  # still serving version 3
+    await client.load_lora_adapter("run", "/good/3b", 3)  # again (a resumed run's push)
+    fake = next(f for f in fakes if f.adapters.get("run-v3") == "/good/3b")
+    assert set(fake.adapters) == {"run-v2", "run-v3"}
 
 
 async def test_weights_sglang_cannot_load_take_it_out_of_rotation(sglang) -> None:

@@ -79,6 +79,9 @@ async def test_adapter_pushes_pass_the_probe_on_vllm_and_an_older_one_fails(
     assert isinstance(client, VLLMClient)
     assert client.served.versions == {"run": [2, 3]}  # version 1 unloaded
     assert (await lora_pool.model_info())["adapters"] == {"run": 3}
+    # the same version again (an attached server, a resumed run): replaced, not refused
+    await client.load_lora_adapter("run", str(tmp_path / "adapters" / "3"), 3)
+    assert await check(lora_pool, trainer, probe, 3) < probe.tolerance
     await lora_pool.update_weights(None, 4, adapter_files=first)  # an older adapter
     with pytest.raises(WeightProbeError):
         await check(lora_pool, trainer, probe, 4)

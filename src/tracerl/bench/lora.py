@@ -31,7 +31,6 @@ import json
 import statistics
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -116,28 +115,27 @@ def shared_engine(
         model="smollm2-135m", kv_cache_tokens=16384, max_running_requests=64, max_model_len=512
     )
 
-    def attached(seeds: list[int], label: str) -> list[Path]:
+    async def attached(seeds: list[int], label: str) -> list[Path]:
+        # one event loop throughout: it drains the server's output while the runs go
         launcher = process_launcher(
             config, resolve_model(config.model), task_dir / f"engine-{label}.log",
             f"engine-{label}", EngineClient,
         )  # fmt: skip
-        url = asyncio.run(launcher.start())
+        url = await launcher.start()
         engine = f'urls = ["{url}"]'
         try:
-            jobs = [
-                (task_dir, f"lora-{label}-seed{s}", run_config(task_dir, s, minutes, lora, engine))
-                for s in seeds
+            flag = f"--trainer.actor.lr={lr}"
+            configs = {s: run_config(task_dir, s, minutes, lora, engine) for s in seeds}
+            runs = [
+                asyncio.to_thread(train, task_dir, f"lora-{label}-seed{s}", c, minutes, flag)
+                for s, c in configs.items()
             ]
-            with ThreadPoolExecutor(len(jobs)) as pool:
-                runs = [
-                    pool.submit(train, *job, minutes, f"--trainer.actor.lr={lr}") for job in jobs
-                ]
-                return [r.result() for r in runs]
+            return list(await asyncio.gather(*runs))
         finally:
-            asyncio.run(launcher.stop())
+            await launcher.stop()
 
-    (alone,) = attached([0], "alone")
-    shared = attached([0, 1], "shared")
+    (alone,) = asyncio.run(attached([0], "alone"))
+    shared = asyncio.run(attached([0, 1], "shared"))
     return measured(alone, "alone", None), [measured(r, "shared", None) for r in shared]
 
 

@@ -105,15 +105,10 @@ class SGLangClient(EngineClient):
         """Version `weight_version` of adapter `name` from peft's directory `path` (which must
         not change after), under its own served name; older versions are unloaded."""
         served = self.served.served_name(name, weight_version)
-        try:
-            reply = await self._request(
-                "POST", "/load_lora_adapter", {"lora_name": served, "lora_path": path}
-            )
-            refused = isinstance(reply, dict) and reply.get("success") is False
-        except EngineHTTPError as e:
-            if e.status >= 500:
-                raise
-            reply, refused = e.body, True
+        reply, refused = await self._load(served, path)
+        if refused and "already loaded" in _why(reply):  # an attached server, a resumed run
+            await self._request("POST", "/unload_lora_adapter", {"lora_name": served})
+            reply, refused = await self._load(served, path)
         if refused:
             raise WeightLoadError(f"SGLang could not load adapter {path}: {_why(reply)}")
         for old in self.served.loaded(name, weight_version):
@@ -122,6 +117,18 @@ class SGLangClient(EngineClient):
             except EngineHTTPError as e:  # it stays loaded until SGLang evicts it: no harm
                 log.warning("SGLang at %s kept adapter %s: %s", self.base_url, old, e)
         await self._request("POST", "/update_weight_version", {"new_version": str(weight_version)})
+
+    async def _load(self, served: str, path: str) -> tuple[Any, bool]:
+        """SGLang's reply to loading `path` as `served`, and whether it refused."""
+        try:
+            reply = await self._request(
+                "POST", "/load_lora_adapter", {"lora_name": served, "lora_path": path}
+            )
+        except EngineHTTPError as e:
+            if e.status >= 500:
+                raise
+            return e.body, True
+        return reply, isinstance(reply, dict) and reply.get("success") is False
 
     def adapter_names(self) -> set[str]:
         return self.served.names()

@@ -98,7 +98,11 @@ class VLLMClient(EngineClient):
         except (KeyError, IndexError, TypeError):
             raise EngineReplyError(f"/v1/models lists no model: {str(models)[:200]}") from None
 
-    async def _body(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
+    async def _body(
+        self, request: GenerateRequest, stream: bool, adapter: tuple[str, int] | None = None
+    ) -> dict[str, Any]:
+        """vLLM's generate request; `adapter`: the served name and version of the request's
+        LoRA adapter, when this client loaded it."""
         p = request.sampling_params
         max_tokens = p.max_new_tokens
         if max_tokens is None:
@@ -133,8 +137,7 @@ class VLLMClient(EngineClient):
             "output_mode": "tokens",
         }
         if request.lora_path is not None:  # its newest version here, or a name vLLM knows
-            newest = self.served.newest(request.lora_path)
-            body["model"] = newest[0] if newest else request.lora_path
+            body["model"] = adapter[0] if adapter else request.lora_path
         return body
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
@@ -144,7 +147,9 @@ class VLLMClient(EngineClient):
         self, request: GenerateRequest
     ) -> AsyncGenerator[GenerateOutput, None]:
         http = await self._http()
-        wire = await self._body(request, True)
+        # the version a push may replace while this request starts: looked up once
+        adapter = self.served.newest(request.lora_path) if request.lora_path else None
+        wire = await self._body(request, True, adapter)
         done = 0
         async with http.post(
             self.base_url + "/inference/v1/generate", data=orjson.dumps(wire), headers=_JSON_HEADERS
@@ -154,8 +159,7 @@ class VLLMClient(EngineClient):
             if self._weight_version is None:
                 self._weight_version = await self._served_version()
             version = self._weight_version
-            newest = self.served.newest(request.lora_path) if request.lora_path else None
-            adapter_version = newest[1] if newest else None  # it samples the whole request
+            adapter_version = adapter[1] if adapter else None  # it samples the whole request
             async for payload in sse_events(resp):
                 chunk = self._chunk(payload, request, done, version, adapter_version)
                 done += len(chunk.output_ids)
@@ -252,7 +256,13 @@ class VLLMClient(EngineClient):
         served = self.served.served_name(name, weight_version)
         body = {"lora_name": served, "lora_path": path}
         try:
-            await self._request("POST", "/v1/load_lora_adapter", body)
+            try:
+                await self._request("POST", "/v1/load_lora_adapter", body)
+            except EngineHTTPError as e:  # loaded before (an attached server, a resumed run)
+                if e.status != 400 or "already been loaded" not in str(e.body):
+                    raise
+                await self._request("POST", "/v1/unload_lora_adapter", {"lora_name": served})
+                await self._request("POST", "/v1/load_lora_adapter", body)
         except EngineHTTPError as e:
             if e.status == 404:
                 raise WeightLoadError(
