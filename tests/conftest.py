@@ -48,3 +48,13 @@ def reference_logprobs(
     scale = temperature if temperature > 0 else 1.0
     logprobs = torch.log_softmax(logits / scale, dim=-1)
     return logprobs.gather(-1, torch.tensor(output)[:, None])[:, 0]
+
+
+def move_adapters(model: torch.nn.Module, seed: int, scale: float) -> None:
+    """Move a LoRA model's adapters by seeded noise of `scale`, as updates would (its base
+    cannot move): each seed a different policy."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.add_(scale * torch.randn_like(p))

@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 import torch
 
+from tests.conftest import move_adapters
 from tracerl.config import PoolConfig
 from tracerl.config.train import TrainerConfig
 from tracerl.engine.adapters import AdapterFiles
@@ -37,11 +38,7 @@ async def served(make_engine: Any) -> AsyncIterator[str]:
 def trained(seed: int) -> Trainer:
     """A LoRA trainer whose adapters moved (as after updates): each seed a different policy."""
     trainer = Trainer(TrainerConfig(model="tiny", token_budget=256, lora={"rank": 4}), "cpu")
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, p in trainer.actor.named_parameters():
-            if ".lora_" in name:
-                p.add_(0.5 * torch.randn_like(p))
+    move_adapters(trainer.actor, seed, 0.5)
     return trainer
 
 

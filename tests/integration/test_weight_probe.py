@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.conftest import move_adapters
 from tracerl.config import EngineConfig, PoolConfig
 from tracerl.config.train import TrainerConfig
 from tracerl.engine.local import LocalEngine
@@ -106,15 +107,8 @@ async def test_lora_pushes_merged_or_adapter_alone_pass_the_probe_and_a_stale_en
     prompt = trainer.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
     probe = Probe(prompt, 1.0, TOLERANCE["float32"])
 
-    def move_adapters(seed: int) -> None:  # as updates do; the base cannot move
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            for name, p in trainer.actor.named_parameters():
-                if ".lora_" in name:
-                    p.add_(0.5 * torch.randn_like(p))
-
     try:
-        move_adapters(1)
+        move_adapters(trainer.actor, 1, 0.5)
         with pytest.raises(WeightProbeError):  # the engine still holds the base
             await check(pools["adapted"], trainer, probe, 0)
         await pools["merged"].update_weights(None, 1, trainer.actor_named_tensors())
@@ -125,7 +119,7 @@ async def test_lora_pushes_merged_or_adapter_alone_pass_the_probe_and_a_stale_en
         for pool in pools.values():
             assert await check(pool, trainer, probe, 1) < 1e-4
         kept = {k: v.clone() for k, v in first.tensors.items()}
-        move_adapters(2)  # step 2: the engine takes the new adapter in place
+        move_adapters(trainer.actor, 2, 0.5)  # step 2: the engine takes the new adapter in place
         await pools["adapted"].update_weights(None, 2, adapter=trainer.adapter_weights())
         assert await check(pools["adapted"], trainer, probe, 2) < 1e-4
         key = next(iter(kept))

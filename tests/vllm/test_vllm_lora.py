@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-import torch
 
+from tests.conftest import move_adapters
 from tests.vllm.conftest import PYTHON, ROOT, vllm_config
 from tracerl.config import PoolConfig
 from tracerl.engine.adapters import AdapterFiles
@@ -53,25 +53,18 @@ async def test_adapter_pushes_pass_the_probe_on_vllm_and_an_older_one_fails(
     prompt = trainer.tokenizer(PROBE_TEXT, add_special_tokens=False)["input_ids"]
     probe = Probe(prompt, 1.0, TOLERANCE["float32"])
 
-    def move_adapters(seed: int) -> None:  # as updates do; the base cannot move
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            for name, p in trainer.actor.named_parameters():
-                if ".lora_" in name:
-                    p.add_(0.05 * torch.randn_like(p))
-
     def push(version: int) -> AdapterFiles:
         path = trainer.write_adapter(tmp_path / "adapters" / str(version))
         return AdapterFiles("run", str(path))
 
-    move_adapters(1)
+    move_adapters(trainer.actor, 1, 0.05)
     with pytest.raises(WeightProbeError):  # vLLM still serves the base alone
         await check(lora_pool, trainer, probe, 0)
     first = push(1)
     diffs = []
     for version in (1, 2, 3):
         if version > 1:
-            move_adapters(version)
+            move_adapters(trainer.actor, version, 0.05)
         await lora_pool.update_weights(None, version, adapter_files=push(version))
         diffs.append(await check(lora_pool, trainer, probe, version))
     assert max(diffs) < probe.tolerance, diffs

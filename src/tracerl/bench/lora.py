@@ -39,7 +39,7 @@ from tracerl.envs.dataset import read_jsonl
 from tracerl.run.metrics import read_metrics
 
 TASK = "hard"
-RANK, LORA_LR = 16, 5e-5
+RANK, LORA_LR = 16, 2e-4
 QUICK_MINUTES, QUICK_HELDOUT = 1.5, 50
 
 
@@ -198,3 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"minutes": minutes, "rank": args.rank, "lora_lr": args.lora_lr, "full_lr": learn.LR}
     print(json.dumps({"bench": "lora", **settings, **summarise(runs, shared)}), flush=True)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -15,7 +15,14 @@ still running on one can be reloaded by the server).
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from tracerl.engine.client import EngineHTTPError
+
+log = logging.getLogger(__name__)
 
 KEEP = 2
 """Versions of an adapter a server holds: the newest and the one before it, which requests
@@ -45,3 +52,21 @@ class ServedAdapters:
 
     def names(self) -> set[str]:
         return set(self.versions)
+
+
+async def settle(
+    request: Callable[[str, str, Any], Awaitable[Any]],
+    served: ServedAdapters,
+    name: str,
+    version: int,
+    unload_path: str,
+) -> None:
+    """After version `version` of `name` loaded: unload the versions `served` no longer keeps
+    (`unload_path`, the server's route) and set the server's weight version (`request`: the
+    client's `(method, path, body)` call)."""
+    for old in served.loaded(name, version):
+        try:
+            await request("POST", unload_path, {"lora_name": old})
+        except EngineHTTPError as e:  # it stays loaded until the server evicts it: no harm
+            log.warning("the server kept adapter %s: %s", old, e)
+    await request("POST", "/update_weight_version", {"new_version": str(version)})

@@ -23,15 +23,12 @@ The engine wire protocol is SGLang's own (`/generate`, `/abort_request`, `/pause
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from tracerl.engine.client import EngineClient, EngineHTTPError, version_label
-from tracerl.engine.served_adapters import ServedAdapters
+from tracerl.engine.served_adapters import ServedAdapters, settle
 from tracerl.engine.types import GenerateOutput, GenerateRequest, WeightLoadError
-
-log = logging.getLogger(__name__)
 
 
 class SGLangClient(EngineClient):
@@ -111,12 +108,7 @@ class SGLangClient(EngineClient):
             reply, refused = await self._load(served, path)
         if refused:
             raise WeightLoadError(f"SGLang could not load adapter {path}: {_why(reply)}")
-        for old in self.served.loaded(name, weight_version):
-            try:
-                await self._request("POST", "/unload_lora_adapter", {"lora_name": old})
-            except EngineHTTPError as e:  # it stays loaded until SGLang evicts it: no harm
-                log.warning("SGLang at %s kept adapter %s: %s", self.base_url, old, e)
-        await self._request("POST", "/update_weight_version", {"new_version": str(weight_version)})
+        await settle(self._request, self.served, name, weight_version, "/unload_lora_adapter")
 
     async def _load(self, served: str, path: str) -> tuple[Any, bool]:
         """SGLang's reply to loading `path` as `served`, and whether it refused."""

@@ -33,7 +33,6 @@ What each part of the protocol maps onto (the server runs with `--enable-scale-o
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
@@ -51,10 +50,8 @@ from tracerl.engine.client import (
     version_label,
 )
 from tracerl.engine.protocol import PauseMode, collect
-from tracerl.engine.served_adapters import ServedAdapters
+from tracerl.engine.served_adapters import ServedAdapters, settle
 from tracerl.engine.types import GenerateOutput, GenerateRequest, WeightLoadError
-
-log = logging.getLogger(__name__)
 
 _PAUSE = {"in_place": "keep", "retract": "keep", "abort": "abort"}
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
@@ -271,12 +268,7 @@ class VLLMClient(EngineClient):
                     "does both for launched servers)"
                 ) from None
             raise WeightLoadError(f"vLLM could not load adapter {path}: {e.body}") from None
-        for old in self.served.loaded(name, weight_version):
-            try:
-                await self._request("POST", "/v1/unload_lora_adapter", {"lora_name": old})
-            except EngineHTTPError as e:  # it stays loaded until vLLM evicts it: no harm
-                log.warning("vLLM at %s kept adapter %s: %s", self.base_url, old, e)
-        await self._request("POST", "/update_weight_version", {"new_version": str(weight_version)})
+        await settle(self._request, self.served, name, weight_version, "/v1/unload_lora_adapter")
         self._weight_version = weight_version
 
     def adapter_names(self) -> set[str]:
