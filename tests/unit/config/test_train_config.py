@@ -46,3 +46,24 @@ def test_every_field_is_documented_and_defaults_are_sane() -> None:
 def test_the_trainer_config_does_not_import_torch() -> None:
     code = "import sys, tracerl.config.train; assert 'torch' not in sys.modules, 'torch'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_lora_run_enables_lora_on_its_vllm_and_sglang_servers() -> None:
+    from tracerl.config import TrainCommandConfig
+    from tracerl.run.engines import adapter_sync
+
+    for backend in ("vllm", "sglang"):
+        config = TrainCommandConfig.model_validate(
+            {"engine": {"backend": backend}, "trainer": {"lora": {"rank": 8}}}
+        )
+        assert config.engine.lora_rank == 8 and adapter_sync(config)
+        with pytest.raises(ValueError, match=r"engine.lora_rank \(4\) is below trainer.lora.rank"):
+            TrainCommandConfig.model_validate(
+                {"engine": {"backend": backend, "lora_rank": 4}, "trainer": {"lora": {"rank": 8}}}
+            )
+    full = TrainCommandConfig.model_validate({"engine": {"backend": "vllm"}})
+    assert full.engine.lora_rank == 0 and not adapter_sync(full)
+    sim = TrainCommandConfig.model_validate(
+        {"engine": {"backend": "sim"}, "trainer": {"lora": {"rank": 8}}}
+    )
+    assert not adapter_sync(sim)  # no weights to take
