@@ -168,11 +168,6 @@ def _check(
     return {k.removeprefix(PEFT_PREFIX).rpartition(".lora_")[0] for k in tensors}
 
 
-def adapter_names(model: Any) -> set[str]:
-    """The adapters loaded into `model`."""
-    return {n for layer in _tuner_layers(model) for n in layer.lora_A}
-
-
 def tuner_layers(model: Any) -> dict[str, Any]:
     """The model's LoRA layers (peft's), by module name."""
     from peft.tuners.tuners_utils import BaseTunerLayer

@@ -24,7 +24,6 @@ import torch
 from tracerl.config import EngineConfig
 from tracerl.engine.adapters import (
     AdapterWeights,
-    adapter_names,
     load_adapter,
     read_adapter_dir,
 )
@@ -82,8 +81,6 @@ class LocalEngine:
         # Served where the model lives (a model handed in too), as its runner computes there:
         # the sampling generators must be on the same device.
         self.model, self.tokenizer = model, tokenizer
-        self.adapters: set[str] = set()
-        """The LoRA adapters loaded (`update_adapter`), which requests name in `lora_path`."""
         self.device: torch.device = next(model.parameters()).device
         self.model_name = config.model
         native_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
@@ -165,8 +162,9 @@ class LocalEngine:
                 f"prompt of {len(ids)} tokens leaves no room for a completion in the context "
                 f"({self.max_model_len} tokens) and KV budget ({self.config.kv_cache_tokens})",
             )
-        if request.lora_path is not None and request.lora_path not in self.adapters:
-            loaded = ", ".join(sorted(self.adapters)) or "none"
+        loaded_adapters = self.scheduler.adapter_versions
+        if request.lora_path is not None and request.lora_path not in loaded_adapters:
+            loaded = ", ".join(sorted(loaded_adapters)) or "none"
             raise RequestError(
                 "lora_path", f"no adapter {request.lora_path!r} is loaded (loaded: {loaded})"
             )
@@ -302,8 +300,6 @@ class LocalEngine:
 
         def apply() -> None:
             load_adapter(self.model, adapter.name, adapter.config, adapter.tensors)
-            self.adapters = adapter_names(self.model)
-            self.scheduler.adapters_loaded = True
             self.scheduler.weights_changed()  # cached K/V came from the old adapter
             # the adapter's tokens are labelled with its own version, the base's with theirs
             # (several runs' adapters on one engine each count their own steps)
@@ -314,7 +310,7 @@ class LocalEngine:
 
     def adapter_names(self) -> set[str]:
         """The LoRA adapters a request may name (`lora_path`; the gateway's `model`)."""
-        return set(self.adapters)
+        return set(self.scheduler.adapter_versions)
 
     async def load_lora_adapter(self, name: str, path: str, weight_version: int) -> None:
         """`update_adapter` from peft's adapter directory (what `/load_lora_adapter` serves)."""

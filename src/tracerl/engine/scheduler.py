@@ -106,8 +106,6 @@ class Scheduler:
             PrefixCache() if prefix_cache and isinstance(runner, ModelRunner) else None
         )
         self._weights_epoch = 0
-        self.adapters_loaded = False
-        """LoRA adapters are in the model: every step says which one each sequence takes."""
         self._adapter_keys: dict[str, int] = {}
         self.kv_budget = kv_budget
         self.max_model_len = max_model_len
@@ -115,7 +113,8 @@ class Scheduler:
         self.weight_version = 0
         """The base weights' version: it labels what sequences without an adapter sample."""
         self.adapter_versions: dict[str, int] = {}
-        """Each loaded adapter's version: it labels what that adapter's sequences sample."""
+        """Each loaded adapter's version (the adapters requests may name): it labels what that
+        adapter's sequences sample."""
         self.pause_mode: PauseMode | None = None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # index == KV slot
@@ -144,7 +143,8 @@ class Scheduler:
             for j, s in enumerate(admitted)
         ]
         batch = decoding + admitted
-        adapters = [s.adapter for s in batch] if self.adapters_loaded else None
+        # adapters in the model: every step says which one each sequence takes
+        adapters = [s.adapter for s in batch] if self.adapter_versions else None
         logits = self.runner.forward(tokens, positions, prefills, adapters)
         for seq in decoding:
             seq.kv_len += 1

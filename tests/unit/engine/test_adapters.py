@@ -74,7 +74,7 @@ async def test_requests_of_different_adapters_in_one_step_each_get_their_own(
     engine = make_engine(forward=forward)
     await engine.update_adapter(push(references["a"], "a"), 1)
     await engine.update_adapter(push(references["b"], "b"), 2)
-    assert engine.adapters == {"a", "b"}
+    assert engine.adapter_names() == {"a", "b"}
     requests = [
         req(list(range(100, 130)), "a"),
         req(list(range(200, 225)), "b", seed=1),
