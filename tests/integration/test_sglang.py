@@ -210,6 +210,20 @@ async def sglang() -> AsyncIterator[tuple[list[FakeSGLang], EnginePool]]:
         await runner.cleanup()
 
 
+async def streaming(pool: EnginePool, req: GenerateRequest) -> tuple[asyncio.Task[None], list[Any]]:
+    """`req` streaming through `pool` in a task, once its first 5 chunks have arrived: the task
+    and the list its chunks go on arriving in."""
+    chunks: list[Any] = []
+
+    async def run() -> None:
+        async for chunk in pool.generate_stream(req):
+            chunks.append(chunk)
+
+    task = asyncio.create_task(run())
+    await wait_until(lambda: len(chunks) >= 5, "5 chunks")
+    return task, chunks
+
+
 def request(rid: str, n: int, seed: int | None = None) -> GenerateRequest:
     return GenerateRequest(
         rid=rid, input_ids=[1, 2, 3], sampling_params={"max_new_tokens": n, "seed": seed}
@@ -237,14 +251,7 @@ async def test_generation_speaks_sglangs_sampling_keys(sglang) -> None:
 
 async def test_an_abort_returns_the_partial_output_and_the_pool_resumes_it(sglang) -> None:
     _, pool = sglang
-    chunks: list[Any] = []
-
-    async def run() -> None:
-        async for chunk in pool.generate_stream(request("s2-r1", 60)):
-            chunks.append(chunk)
-
-    task = asyncio.create_task(run())
-    await wait_until(lambda: len(chunks) >= 5, "5 chunks")
+    task, chunks = await streaming(pool, request("s2-r1", 60))
     owner = next(m for m in pool.members if m.inflight)
     assert isinstance(owner.engine, SGLangClient)
     assert await owner.engine.abort("s2-r1") == 1
@@ -256,14 +263,7 @@ async def test_an_abort_returns_the_partial_output_and_the_pool_resumes_it(sglan
 
 async def test_a_weight_update_in_place_labels_every_token(sglang) -> None:
     fakes, pool = sglang
-    chunks: list[Any] = []
-
-    async def run() -> None:
-        async for chunk in pool.generate_stream(request("s3-r1", 200)):
-            chunks.append(chunk)
-
-    task = asyncio.create_task(run())
-    await wait_until(lambda: len(chunks) >= 5, "5 chunks")
+    task, chunks = await streaming(pool, request("s3-r1", 200))
     await pool.update_weights("/good/weights", 1)
     assert all(f.version == "1" for f in fakes)
     await asyncio.wait_for(task, 30)
@@ -284,14 +284,7 @@ async def test_lora_versions_load_under_their_own_names_and_label_their_tokens(s
     assert (out.adapter, out.weight_version) == ("run", 2)
     assert out.output_ids == [2100, 2101, 2102]  # sampled by version 2
     assert pool.adapter_names() == {"run"}
-    chunks: list[Any] = []
-
-    async def run() -> None:
-        async for chunk in pool.generate_stream(request("l2", 200)):
-            chunks.append(chunk)
-
-    task = asyncio.create_task(run())
-    await wait_until(lambda: len(chunks) >= 5, "5 chunks")
+    task, chunks = await streaming(pool, request("l2", 200))
     await pool.update_weights(None, 3, adapter_files=AdapterFiles("run", "/good/3"))
     assert all(f.version == "3" and set(f.adapters) == {"run-v2", "run-v3"} for f in fakes)
     await asyncio.wait_for(task, 30)
