@@ -35,7 +35,10 @@ from tracerl.cluster.ray_cluster import (
 from tracerl.cluster.weights import Packer, WeightsChannel
 from tracerl.config.cluster import ClusterConfig
 from tracerl.config.train import TrainerConfig
+from tracerl.run.metrics import optimizer_memory
 from tracerl.train.checkpoint import CheckpointError
+
+OPTIMIZER_GIB = "memory/optimizer_gib"
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +88,7 @@ class TrainerRank:
 
     def step(self, samples: list[Any]) -> dict[str, float]:
         metrics: dict[str, float] = self.trainer.step(samples)
-        return metrics
+        return {**metrics, **optimizer_memory(self.trainer)}
 
     def save_checkpoint(self, directory: str, loop_state: Any) -> str:
         return str(self.trainer.save_checkpoint(directory, loop_state))
@@ -197,7 +200,10 @@ class RayTrainer:
 
     def step(self, samples: list[Any]) -> dict[str, float]:
         ray = import_ray()
-        metrics: dict[str, float] = self._all("step", ray.put(list(samples)))[0]
+        per_rank = self._all("step", ray.put(list(samples)))
+        metrics: dict[str, float] = dict(per_rank[0])
+        if all(OPTIMIZER_GIB in m for m in per_rank):  # each rank holds its own shard
+            metrics[OPTIMIZER_GIB] = sum(m[OPTIMIZER_GIB] for m in per_rank)
         self.step_count += 1
         return metrics
 

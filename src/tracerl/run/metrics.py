@@ -209,22 +209,22 @@ def process_memory() -> dict[str, float]:
 
 
 def optimizer_memory(trainer: Any) -> dict[str, float]:
-    """The trainer's optimizer state (Adam's moments), GiB (`memory/optimizer_gib`; what LoRA
-    shrinks): the actor's and the critic's. Nothing for trainer ranks in other processes
-    (Ray), whose optimizers this process does not hold."""
+    """The optimizer state (Adam's moments) this process holds, GiB (`memory/optimizer_gib`;
+    what LoRA shrinks): the actor's and the critic's. A sharded (FSDP2) rank counts its own
+    shard; the Ray trainer adds its ranks' figures. Nothing for a trainer whose optimizers
+    live in other processes (the Ray trainer's driver side)."""
     import torch
 
     optimizers = [getattr(trainer, f"{m}_optimizer", None) for m in ("actor", "critic")]
     if not any(optimizers):
         return {}
-    held = sum(
-        value.numel() * value.element_size()
-        for optimizer in optimizers
-        if optimizer is not None
-        for state in optimizer.state.values()
-        for value in state.values()
-        if isinstance(value, torch.Tensor)
-    )
+    held = 0
+    for optimizer in optimizers:
+        for state in optimizer.state.values() if optimizer is not None else ():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    local = value.to_local() if hasattr(value, "to_local") else value  # DTensor
+                    held += local.numel() * local.element_size()
     return {"memory/optimizer_gib": held / 2**30}
 
 
