@@ -1,6 +1,8 @@
 """Several LoRA adapters in one embedded engine (`tracerl.engine.adapters`): each request is
 sampled by the adapter it names (`lora_path`), or by the base, even when they share a forward
-step; the prefix cache never hands one adapter's K/V to another; an unknown name is refused."""
+step; the adapter pushed last is merged into float32 base weights (its steps run no adapter
+layer) and pushes never drift the base; the prefix cache never hands one adapter's K/V to
+another; an unknown name is refused."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 from tests.conftest import reference_logprobs
 from tracerl.config.train import LoraConfig
 from tracerl.engine import forward as forward_module
-from tracerl.engine.adapters import AdapterWeights
+from tracerl.engine.adapters import AdapterWeights, merged_adapter, tuner_layers
 from tracerl.engine.types import GenerateRequest, RequestError
 from tracerl.train import lora
 
@@ -120,3 +122,68 @@ async def test_a_request_for_an_adapter_not_loaded_is_refused_by_field(
         await engine.generate(req([1, 2, 3], "c"))
     out = await engine.generate(req(list(range(50, 60)), None))  # the base still serves
     assert_sampled_by(references[None], req(list(range(50, 60)), None), out)
+
+
+def base_weights(model: Any) -> dict[str, torch.Tensor]:
+    """The adapted layers' base weights, by the layer's name in an unadapted model."""
+    return {
+        f"{name}.weight": layer.get_base_layer().weight.detach().clone()
+        for name, layer in tuner_layers(model).items()
+    }
+
+
+async def test_the_adapter_pushed_last_is_merged_and_its_steps_add_no_adapter_term(
+    make_engine: Any, references: dict[str | None, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = make_engine(forward="slots")
+    original = dict(references[None].named_parameters())
+    await engine.update_adapter(push(references["a"], "a"), 1)
+    await engine.update_adapter(push(references["b"], "b"), 2)
+    assert merged_adapter(engine.model) == "b"
+    b_layers = tuner_layers(references["b"])
+    for key, weight in base_weights(engine.model).items():  # W + (alpha / r) B A of "b"
+        layer = b_layers[key.removesuffix(".weight")]
+        expected = original[key] + layer.get_delta_weight(next(iter(layer.lora_A)))
+        torch.testing.assert_close(weight, expected, atol=1e-6, rtol=0)
+    hooked = []
+    monkeypatch.setattr(
+        torch.nn.Module, "register_forward_hook", lambda *a, **k: hooked.append(a) or 1 / 0
+    )
+    request = req(list(range(100, 130)), "b")
+    assert_sampled_by(references["b"], request, await engine.generate(request))
+    assert hooked == []  # the plain forward: no delta added anywhere
+
+
+async def test_many_pushes_leave_the_base_and_every_adapter_exact(
+    make_engine: Any, references: dict[str | None, Any]
+) -> None:
+    engine = make_engine(forward="slots")
+    original = base_weights(copy.deepcopy(references["a"]))  # the base, under adapted names
+    for round_index in range(12):  # each push a new adapter value, merged in turn
+        name = "ab"[round_index % 2]
+        with torch.no_grad():
+            for key, p in references[name].named_parameters():
+                if ".lora_B." in key:
+                    p.normal_(0, 0.5)
+        await engine.update_adapter(push(references[name], name), round_index + 1)
+    assert merged_adapter(engine.model) == "b"
+    merged_layers = tuner_layers(engine.model)
+    for key, weight in base_weights(engine.model).items():
+        delta = merged_layers[key.removesuffix(".weight")].get_delta_weight("b")
+        torch.testing.assert_close(weight - delta, original[key], atol=1e-6, rtol=0)
+    requests = [req(list(range(60, 90)), n, seed=i) for i, n in enumerate(["a", None, "b"])]
+    outs = await asyncio.gather(*(engine.generate(r) for r in requests))
+    for request, out in zip(requests, outs, strict=True):
+        assert_sampled_by(references[request.lora_path], request, out)
+
+
+async def test_half_precision_weights_keep_the_adapter_in_the_forward(
+    make_engine: Any, references: dict[str | None, Any]
+) -> None:
+    engine = make_engine(forward="slots")
+    engine.model.to(torch.bfloat16)
+    before = base_weights(copy.deepcopy(references["a"]).to(torch.bfloat16))
+    await engine.update_adapter(push(references["a"], "a"), 1)
+    assert merged_adapter(engine.model) is None  # bfloat16 would round the delta away
+    for key, weight in base_weights(engine.model).items():
+        assert torch.equal(weight, before[key])
