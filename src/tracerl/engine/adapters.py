@@ -1,4 +1,4 @@
-"""LoRA adapters in the embedded engine: a push of the adapters alone, applied in the forward.
+"""LoRA adapters in the embedded engine: a push of the adapters alone, the last one merged.
 
 An adapter (peft's config and its tensors under the keys of peft's files,
 `base_model.model.<layer>.lora_A.weight`) is injected as peft LoRA layers on its first load and
