@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tracerl.bench.lora import lora_section, run_config, summarise
 from tracerl.config import TrainCommandConfig, load_config
 
@@ -30,9 +32,9 @@ def run(steps: int, step_s: float, sync_bytes: float, accuracy: float | None) ->
 
 
 def test_the_summary_checks_each_target() -> None:
-    runs = {"full": run(90, 10.0, 540e6, 0.70), "lora": run(95, 9.5, 20e6, 0.675)}
-    runs["alone"] = run(100, 9.0, 20e6, None)
-    summary = summarise(runs, [run(41, 18, 20e6, None), run(40, 18, 20e6, None)])
+    full, lora = [run(90, 10.0, 540e6, 0.70)], [run(95, 9.5, 20e6, 0.675)]
+    alone = run(100, 9.0, 20e6, None)
+    summary = summarise(full, lora, alone, [run(41, 18, 20e6, None), run(40, 18, 20e6, None)])
     assert summary["targets"] == {
         "sync_bytes_le_5pct": True,  # 3.7 %
         "step_time_le_full": True,
@@ -40,13 +42,25 @@ def test_the_summary_checks_each_target() -> None:
         "shared_ge_0.8x_half_alone": True,  # 0.82x, 0.80x
     }
     assert summary["target_met"] is True
-    slower = summarise({**runs, "lora": run(80, 10.5, 30e6, 0.66)}, [run(39, 18, 20e6, None)])
+    slower = summarise(full, [run(80, 10.5, 30e6, 0.66)], alone, [run(39, 18, 20e6, None)])
     assert slower["targets"] == {
         "sync_bytes_le_5pct": False,  # 5.6 %
         "step_time_le_full": False,
         "accuracy_within_3_points": False,  # -4
         "shared_ge_0.8x_half_alone": False,  # 0.78x
     }
-    assert summarise(runs, [])["targets"].keys() == {
+    assert summarise(full, lora, None, [])["targets"].keys() == {
         "sync_bytes_le_5pct", "step_time_le_full", "accuracy_within_3_points"
     }  # fmt: skip
+
+
+def test_with_several_seeds_the_targets_read_the_means_of_the_pairs() -> None:
+    full = [run(90, 10.0, 540e6, 0.70), run(100, 8.0, 540e6, 0.60)]
+    lora = [run(95, 9.5, 20e6, 0.64), run(90, 9.0, 20e6, 0.65)]  # -6 then +5 points
+    summary = summarise(full, lora, None, [])
+    assert summary["seeds"] == 2
+    assert summary["accuracy_delta_points_by_seed"] == pytest.approx([-6.0, 5.0])
+    assert summary["accuracy_delta_points"] == pytest.approx(-0.5)
+    assert summary["step_s_ratio"] == pytest.approx(18.5 / 18.0)  # mean step against mean step
+    assert summary["targets"]["accuracy_within_3_points"] is True
+    assert summary["targets"]["step_time_le_full"] is False
