@@ -35,10 +35,8 @@ from tracerl.cluster.ray_cluster import (
 from tracerl.cluster.weights import Packer, WeightsChannel
 from tracerl.config.cluster import ClusterConfig
 from tracerl.config.train import TrainerConfig
-from tracerl.run.metrics import optimizer_memory
+from tracerl.run.metrics import OPTIMIZER_GIB, optimizer_memory
 from tracerl.train.checkpoint import CheckpointError
-
-OPTIMIZER_GIB = "memory/optimizer_gib"
 
 log = logging.getLogger(__name__)
 

@@ -208,6 +208,9 @@ def process_memory() -> dict[str, float]:
     return out
 
 
+OPTIMIZER_GIB = "memory/optimizer_gib"
+
+
 def optimizer_memory(trainer: Any) -> dict[str, float]:
     """The optimizer state (Adam's moments) this process holds, GiB (`memory/optimizer_gib`;
     what LoRA shrinks): the actor's and the critic's. A sharded (FSDP2) rank counts its own
@@ -219,13 +222,13 @@ def optimizer_memory(trainer: Any) -> dict[str, float]:
     if not any(optimizers):
         return {}
     held = 0
-    for optimizer in optimizers:
-        for state in optimizer.state.values() if optimizer is not None else ():
+    for optimizer in filter(None, optimizers):
+        for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     local = value.to_local() if hasattr(value, "to_local") else value  # DTensor
                     held += local.numel() * local.element_size()
-    return {"memory/optimizer_gib": held / 2**30}
+    return {OPTIMIZER_GIB: held / 2**30}
 
 
 def release_free_memory() -> bool:
