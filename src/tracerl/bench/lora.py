@@ -10,6 +10,9 @@ its process's start, one after another on the otherwise idle machine:
   engine takes the adapter alone.
 - `--seeds N`: the pair for seeds 0..N-1 (one figure's standard error on 200 held-out prompts
   is ~3.4 points, more than the accuracy target's 3: one pair cannot settle it).
+- `--full-from DIR`: the `full` runs are read from an earlier `bench lora` work directory
+  (its `runs.jsonl`, same budget, same held-out prompts, every seed) instead of run again, so
+  a LoRA setting can be tried against full runs already measured.
 - `alone` and `shared` (not with `--quick` or `--no-shared`): one `tracerl engine` server
   (the embedded engine in a process of its own) and LoRA runs attached to it (`engine.urls`):
   one run alone, then two at once (seeds 0 and 1), each pushing and sampled by its own adapter.
@@ -104,6 +107,27 @@ def measured(run_dir: Path, system: str, heldout: list[dict[str, Any]] | None) -
     }
 
 
+def earlier_full_runs(
+    work: Path, task_dir: Path, seeds: int, minutes: float
+) -> list[dict[str, Any]]:
+    """The `full` lines of the `bench lora` run in `work`, seeds 0..seeds-1, checked to be
+    comparable with this run: the same budget and the same held-out prompts."""
+    from tracerl.config import TrainCommandConfig, load_config
+
+    earlier = work / TASK
+    lines = [json.loads(x) for x in (work / "runs.jsonl").read_text().splitlines() if x.strip()]
+    full = {line["seed"]: line for line in lines if line.get("system") == "full"}
+    missing = [seed for seed in range(seeds) if seed not in full]
+    if missing:
+        raise ValueError(f"--full-from {work}: no full run for seed(s) {missing}")
+    budget = load_config(TrainCommandConfig, earlier / "full.toml").loop.max_minutes
+    if budget != minutes:
+        raise ValueError(f"--full-from {work}: its runs had {budget} minutes, this one {minutes}")
+    if (earlier / "heldout.jsonl").read_bytes() != (task_dir / "heldout.jsonl").read_bytes():
+        raise ValueError(f"--full-from {work}: its held-out prompts differ from this run's")
+    return [full[seed] for seed in range(seeds)]
+
+
 def shared_engine(
     task_dir: Path, minutes: float, lora: str, lr: float
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -195,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-shared", action="store_true", help="skip the runs on an engine server"
     )
+    parser.add_argument(
+        "--full-from", metavar="DIR", help="take the full runs from an earlier work directory"
+    )
     parser.add_argument("--work-dir", help="where runs go (default runs/bench-lora-TIME)")
     args = parser.parse_args(argv)
     minutes = QUICK_MINUTES if args.quick else args.minutes
@@ -206,8 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     lora = lora_section(args.rank)
     lines: list[dict[str, Any]] = []
     runs: dict[str, list[dict[str, Any]]] = {"full": [], "lora": []}
+    systems = [("full", "", learn.LR), ("lora", lora, args.lora_lr)]
+    if args.full_from:
+        runs["full"] = earlier_full_runs(Path(args.full_from), task_dir, args.seeds, minutes)
+        lines.extend(runs["full"])
+        systems = systems[1:]
     for seed in range(args.seeds):  # each seed's pair one after the other
-        for system, extra, lr in (("full", "", learn.LR), ("lora", lora, args.lora_lr)):
+        for system, extra, lr in systems:
             config = run_config(task_dir, seed, minutes, extra)
             name = system + (f"-seed{seed}" if seed else "")
             run_dir = train(task_dir, name, config, minutes, f"--trainer.actor.lr={lr}")
@@ -223,7 +255,14 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(line)
             print(json.dumps(line), flush=True)
     (work / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    settings = {"minutes": minutes, "rank": args.rank, "lora_lr": args.lora_lr, "full_lr": learn.LR}
+    settings: dict[str, Any] = {
+        "minutes": minutes,
+        "rank": args.rank,
+        "lora_lr": args.lora_lr,
+        "full_lr": learn.LR,
+    }
+    if args.full_from:
+        settings["full_from"] = args.full_from
     summary = summarise(runs["full"], runs["lora"], alone, shared)
     print(json.dumps({"bench": "lora", **settings, **summary}), flush=True)
     return 0

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tracerl.bench.lora import lora_section, run_config, summarise
+from tracerl.bench.lora import earlier_full_runs, lora_section, run_config, summarise
 from tracerl.config import TrainCommandConfig, load_config
 
 
@@ -64,3 +65,30 @@ def test_with_several_seeds_the_targets_read_the_means_of_the_pairs() -> None:
     assert summary["step_s_ratio"] == pytest.approx(18.5 / 18.0)  # mean step against mean step
     assert summary["targets"]["accuracy_within_3_points"] is True
     assert summary["targets"]["step_time_le_full"] is False
+
+
+def test_full_runs_are_taken_from_an_earlier_work_dir_only_when_comparable(tmp_path: Path) -> None:
+    earlier, now = tmp_path / "earlier", tmp_path / "now" / "hard"
+    (earlier / "hard").mkdir(parents=True)
+    now.mkdir(parents=True)
+    for task_dir in (earlier / "hard", now):
+        (task_dir / "heldout.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n')
+    (earlier / "hard" / "full.toml").write_text(run_config(earlier / "hard", 0, 15, ""))
+    lines = [
+        {**run(90, 10.0, 540e6, 0.70), "system": "full", "seed": 0},
+        {**run(95, 9.5, 20e6, 0.64), "system": "lora", "seed": 0},
+        {**run(92, 9.8, 540e6, 0.66), "system": "full", "seed": 1},
+    ]
+    (earlier / "runs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    full = earlier_full_runs(earlier, now, 2, 15)
+    assert [(x["system"], x["seed"], x["accuracy_after"]) for x in full] == [
+        ("full", 0, 0.70), ("full", 1, 0.66)
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"no full run for seed\(s\) \[2\]"):
+        earlier_full_runs(earlier, now, 3, 15)
+    with pytest.raises(ValueError, match="its runs had 15.0 minutes, this one 5"):
+        earlier_full_runs(earlier, now, 2, 5)
+    (now / "heldout.jsonl").write_text('{"prompt": "2+2", "answer": "4"}\n')
+    with pytest.raises(ValueError, match="held-out prompts differ"):
+        earlier_full_runs(earlier, now, 2, 15)
