@@ -45,3 +45,12 @@ def test_the_issue_s_configs_are_shipped() -> None:
     assert load_config(TrainCommandConfig, EXAMPLES / "agent.toml").env.name == "calculator"
     quickstart = load_config(TrainCommandConfig, EXAMPLES / "quickstart.toml")
     assert quickstart.trainer.model == "smollm2-135m" and quickstart.trainer.algorithm == "grpo"
+
+
+def test_the_lora_example_is_the_quickstart_with_adapters() -> None:
+    lora = load_config(TrainCommandConfig, EXAMPLES / "lora.toml")
+    quickstart = load_config(TrainCommandConfig, EXAMPLES / "quickstart.toml")
+    assert lora.trainer.lora is not None and lora.trainer.lora.rank == 16
+    assert quickstart.trainer.lora is None
+    assert lora.trainer.actor.lr > 5 * quickstart.trainer.actor.lr  # adapters need a higher lr
+    assert lora.env == quickstart.env and lora.orchestrator == quickstart.orchestrator

@@ -44,7 +44,7 @@ from tracerl.envs.dataset import read_jsonl
 from tracerl.run.metrics import read_metrics
 
 TASK = "hard"
-RANK, LORA_LR = 16, 2e-4
+RANK, LORA_LR = 16, 1e-4
 QUICK_MINUTES, QUICK_HELDOUT = 1.5, 50
 
 
