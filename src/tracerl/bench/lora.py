@@ -115,7 +115,7 @@ def earlier_full_runs(
     from tracerl.config import TrainCommandConfig, load_config
 
     earlier = work / TASK
-    lines = [json.loads(x) for x in (work / "runs.jsonl").read_text().splitlines() if x.strip()]
+    lines = read_jsonl(work / "runs.jsonl")
     full = {line["seed"]: line for line in lines if line.get("system") == "full"}
     missing = [seed for seed in range(seeds) if seed not in full]
     if missing:
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in (alone, *shared):
             lines.append(line)
             print(json.dumps(line), flush=True)
-    (work / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    learn.write_jsonl(work / "runs.jsonl", lines)
     settings: dict[str, Any] = {
         "minutes": minutes,
         "rank": args.rank,
