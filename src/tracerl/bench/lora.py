@@ -12,7 +12,8 @@ its process's start, one after another on the otherwise idle machine:
   is ~3.4 points, more than the accuracy target's 3: one pair cannot settle it).
 - `--full-from DIR`: the `full` runs are read from an earlier `bench lora` work directory
   (its `runs.jsonl`, same budget, same held-out prompts, every seed) instead of run again, so
-  a LoRA setting can be tried against full runs already measured.
+  a LoRA setting can be tried against full runs already measured. Its time ratios compare
+  runs made at different times: they hold only if both ran on the otherwise idle machine.
 - `alone` and `shared` (not with `--quick` or `--no-shared`): one `tracerl engine` server
   (the embedded engine in a process of its own) and LoRA runs attached to it (`engine.urls`):
   one run alone, then two at once (seeds 0 and 1), each pushing and sampled by its own adapter.
