@@ -43,6 +43,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
         "moe_intermediate_size": 32, "decoder_sparse_step": 1,
     },
+    "qwen2-moe": {
+        "model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+        "decoder_sparse_step": 1,
+    },
+    "mixtral": {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
     "phi3": {"model_type": "phi3", "num_key_value_heads": 4},
     "olmo2": {"model_type": "olmo2"},
     "granite": {"model_type": "granite"},

@@ -79,6 +79,13 @@ class EngineConfig(Config):
     turn that extends an earlier one prefills only its new tokens, as vLLM and SGLang do. The
     slot-cache path only (`engine.forward`); launched engines use their own."""
 
+    record_routed_experts: bool = True
+    """A mixture-of-experts model's embedded engine records which experts its routers chose
+    for every position (`tracerl.routing`) and returns them to requests that ask
+    (`return_routed_experts`; the gateway does while `trainer.moe.routing = "replay"`). A dense
+    model has no routers and records nothing whatever this says; off, a MoE model's forwards
+    skip the recording."""
+
     default_max_new_tokens: int = Field(default=1024, ge=1)
     """Completion budget for requests that give no `max_new_tokens` (capped by the context):
     the embedded engine's, and vLLM's through its adapter (an agent that sends no budget, as

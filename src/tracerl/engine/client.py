@@ -11,6 +11,7 @@ import orjson
 
 from tracerl.engine.protocol import PauseMode
 from tracerl.engine.types import GenerateOutput, GenerateRequest
+from tracerl.routing import RoutedExperts
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -66,6 +67,12 @@ def output_from_wire(payload: Any) -> GenerateOutput:
     oldest = meta.get("weight_version_min")
     if spans and min(spans) != version:  # SGLang and vLLM label every token's weights
         oldest = min(spans)
+    routing = None
+    if meta.get("routed_experts") is not None:
+        try:
+            routing = RoutedExperts.model_validate(meta["routed_experts"]).array()
+        except ValueError as e:
+            raise EngineReplyError(f"meta_info.routed_experts: {e}") from None
     return GenerateOutput(
         rid=str(meta.get("id", "")),
         output_ids=ids,
@@ -77,6 +84,7 @@ def output_from_wire(payload: Any) -> GenerateOutput:
         text=str(payload.get("text", "")),
         matched_stop=finish.get("matched") if finish else None,
         weight_version_min=oldest,
+        routed_experts=routing,
     )
 
 

@@ -11,8 +11,10 @@ context length, so memory follows the longest running sequence rather than the w
 
 The layers' own modules (projections, norms, MLP, rotary table) do the math, so numbers match the
 model's reference forward to float tolerance. Supported: Llama, Mistral, Qwen2 and Qwen3 layouts
-with full attention (a sliding window no shorter than the context is full attention); every
-other model runs on the generic path (`tracerl.engine.generic`), which `make_runner` picks.
+and their mixture-of-experts kin (Qwen2-MoE, Qwen3-MoE, Mixtral: the layer's `mlp` is the model's
+own sparse block, routing every token of the step at once) with full attention (a sliding
+window no shorter than the context is full attention); every other model runs on the generic
+path (`tracerl.engine.generic`), which `make_runner` picks.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch.nn.functional as F
 from tracerl.engine.adapters import adapters_for
 from tracerl.models import sliding_window
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral")
 # Starting per-slot capacity: large enough that short chats never reallocate.
 INITIAL_CAPACITY = 256
 # Slots allocated at first; more are added (doubling, up to `max_slots`) as sequences need them.

@@ -44,6 +44,7 @@ from tracerl.engine.types import (
 )
 from tracerl.engine.weights import copy_weights, read_weights_dir
 from tracerl.models import eos_token_ids
+from tracerl.routing import RoutingCapture
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,9 @@ class LocalEngine:
         )
         self._stopping = False
         # Owned by the scheduler thread.
+        capture = RoutingCapture(model) if config.record_routed_experts else None
         self.scheduler = Scheduler(
-            self.runner, config.kv_cache_tokens, self.max_model_len, config.prefix_cache
+            self.runner, config.kv_cache_tokens, self.max_model_len, config.prefix_cache, capture
         )
         self._in_flight: set[str] = set()
         self._outbox: list[tuple[asyncio.Queue[Any], Any]] = []  # scheduler thread only
@@ -191,6 +193,7 @@ class LocalEngine:
             emit=emit,
             constraint=constraint,
             adapter=request.lora_path,
+            return_routing=request.return_routed_experts,
         )
 
     def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[GenerateOutput, None]:

@@ -19,6 +19,12 @@ from the old weights.
 
 Sequences therefore join and leave the batch at every step, and no compute is spent on padding or
 on finished rows.
+
+For a mixture-of-experts model the scheduler records, with `RoutingCapture`, which experts each
+position was routed to (`tracerl.routing`): every forward's routers are read, each sequence
+keeps the rows of its positions (the first computation of a position wins: a sequence
+recomputed after preemption keeps the routing that sampled its tokens), cached prefixes keep
+theirs, and a request that asked (`return_routed_experts`) gets its array in its last chunk.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from tracerl.engine.admission import admissible, preemption_victims
@@ -39,6 +46,7 @@ from tracerl.engine.prefix_cache import PrefixCache
 from tracerl.engine.protocol import PAUSE_MODES, PauseMode
 from tracerl.engine.sampling import RowSampling, sample
 from tracerl.engine.types import FinishType, GenerateOutput, RequestError
+from tracerl.routing import RoutingCapture, blank
 
 # Prefill tokens folded into one step: enough to admit a burst of chat prompts at once, small
 # enough that running requests do not stall for long behind a wave of new ones.
@@ -71,6 +79,11 @@ class Sequence:
     """The scheduler's count of weight changes when it was last admitted."""
     adapter: str | None = None
     """The LoRA adapter that samples it (`tracerl.engine.adapters`); None: the base."""
+    return_routing: bool = False
+    """Its last chunk carries the routed experts of its positions (a MoE model's)."""
+    routing: np.ndarray | None = None
+    """`[prompt + max_new, L, k]`: each position's routed experts once computed (a MoE model
+    with capture on; `tracerl.routing`)."""
 
     @property
     def tokens(self) -> list[int]:
@@ -100,8 +113,11 @@ class Scheduler:
         kv_budget: int,
         max_model_len: int,
         prefix_cache: bool = False,
+        capture: RoutingCapture | None = None,
     ) -> None:
         self.runner = runner
+        self.capture = capture if capture is not None and capture.enabled else None
+        """Records routed experts every forward (a MoE model, `engine.record_routed_experts`)."""
         self.prefix_cache: PrefixCache[Any] | None = (
             PrefixCache() if prefix_cache and isinstance(runner, ModelRunner) else None
         )
@@ -145,7 +161,12 @@ class Scheduler:
         batch = decoding + admitted
         # adapters in the model: every step says which one each sequence takes
         adapters = [s.adapter for s in batch] if self.adapter_versions else None
-        logits = self.runner.forward(tokens, positions, prefills, adapters)
+        if self.capture is None:
+            logits = self.runner.forward(tokens, positions, prefills, adapters)
+        else:
+            with self.capture.capture():
+                logits = self.runner.forward(tokens, positions, prefills, adapters)
+            self._record_routing(decoding, admitted, self.capture.take())
         for seq in decoding:
             seq.kv_len += 1
         for seq in admitted:
@@ -153,6 +174,27 @@ class Scheduler:
         self._accept(batch, logits)
         self._evict()
         return True
+
+    def _record_routing(
+        self, decoding: list[Sequence], admitted: list[Sequence], rows: np.ndarray
+    ) -> None:
+        """Give each sequence the routing of the positions this forward computed (`rows`, the
+        decode tokens then each prefill's): only to positions it has none for yet."""
+        spans = [(s, s.kv_len, s.kv_len + 1) for s in decoding]
+        spans += [(s, s.cached, len(s.tokens)) for s in admitted]
+        offset = 0
+        for seq, start, end in spans:
+            self._write_routing(seq, start, rows[offset : offset + end - start])
+            offset += end - start
+
+    def _write_routing(self, seq: Sequence, start: int, rows: np.ndarray) -> None:
+        if seq.routing is None:
+            assert self.capture is not None and self.capture.layout is not None
+            layers, top_k, dtype = self.capture.layout
+            seq.routing = blank(len(seq.prompt) + seq.max_new, layers, top_k, dtype)
+        span = seq.routing[start : start + rows.shape[0]]
+        unset = (span == np.iinfo(span.dtype).max).all(axis=(1, 2))
+        span[unset] = rows[unset]
 
     def weights_changed(self) -> None:
         """Forget every cached prefix, and never keep a sequence running now: their K/V came
@@ -180,7 +222,10 @@ class Scheduler:
         self.counters.prefix_queries += len(tokens)
         if saved is not None and found > 0:
             assert isinstance(self.runner, ModelRunner)
-            self.runner.load_prefix(slot, saved, found)
+            kv, routing = saved
+            self.runner.load_prefix(slot, kv, found)
+            if routing is not None:
+                self._write_routing(seq, 0, routing[:found])
             seq.cached = found
             self.counters.prefix_hits += found
 
@@ -202,7 +247,8 @@ class Scheduler:
         assert isinstance(self.runner, ModelRunner)
         slot = self.running.index(seq)
         saved = self.runner.save_prefix(slot, seq.kv_len)
-        self.prefix_cache.put(self._cache_key(seq, seq.tokens[: seq.kv_len]), saved)
+        routing = None if seq.routing is None else seq.routing[: seq.kv_len].copy()
+        self.prefix_cache.put(self._cache_key(seq, seq.tokens[: seq.kv_len]), (saved, routing))
 
     def _admit(self) -> list[Sequence]:
         """Take waiting sequences into free slots while the KV budget holds their prefix plus
@@ -275,11 +321,22 @@ class Scheduler:
                 finish_reason=seq.finish,
                 matched_stop=seq.matched,
                 adapter=seq.adapter,
+                routed_experts=self._routing_of(seq) if seq.finish is not None else None,
             )
         )
         if seq.finish is not None:
             finished = self.counters.finished
             finished[seq.finish] = finished.get(seq.finish, 0) + 1
+
+    def _routing_of(self, seq: Sequence) -> np.ndarray | None:
+        """The routing a finished sequence returns: a row per token (its last, never fed,
+        unrecorded), or None when it did not ask or the model records none."""
+        if not seq.return_routing or self.capture is None:
+            return None
+        if seq.routing is None:  # aborted before any forward
+            assert self.capture.layout is not None
+            return blank(seq.length, *self.capture.layout)
+        return seq.routing[: seq.length].copy()
 
     def _release(self, seq: Sequence) -> None:
         """Free `seq`'s slot, moving the last running sequence into it to keep slots compact."""

@@ -16,6 +16,10 @@ The engine wire protocol is SGLang's own (`/generate`, `/abort_request`, `/pause
   loads each pushed version under a name of its own, `/unload_lora_adapter` drops old ones and
   `/update_weight_version` sets the version (`tracerl.engine.served_adapters`); a request's
   `lora_path` is sent as that adapter's newest version, whose number labels its tokens;
+- routed experts (`return_routed_experts`) are not asked for: SGLang returns them only from a
+  server launched with `--enable-return-routed-experts`, as raw int32 without their shape, and
+  this client does not read that form yet (a MoE run's turns then record no routing, and the
+  trainer routes those tokens by itself: `moe/replayed_fraction` says so);
 - `/metrics` carries `sglang:*` names (the collector reads them beside vLLM's); streaming
   returns only new tokens per chunk when the server runs with `--incremental-streaming-output`,
   which `tracerl.rollout.backends` passes.
@@ -76,6 +80,9 @@ class SGLangClient(EngineClient):
             params.pop("top_k", None)  # SGLang's "all tokens" is its default, not -1
         if params.get("json_schema") is None:
             params.pop("json_schema", None)  # unconstrained; a schema is SGLang's own field
+        # SGLang's routed experts (launched with --enable-return-routed-experts) come as raw
+        # int32 without their shape: not read by this client yet, so not asked for
+        body.pop("return_routed_experts", None)
         return body
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:

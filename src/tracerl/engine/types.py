@@ -12,8 +12,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.json_schema import SkipJsonSchema
+
+from tracerl.routing import RoutedExperts
 
 FinishType = Literal["stop", "length", "abort"]
 
@@ -85,6 +88,9 @@ class GenerateRequest(BaseModel):
     lora_path: str | None = None
     """The name of the loaded LoRA adapter that samples this request (SGLang's field for it);
     unset: the base model."""
+    return_routed_experts: bool = False
+    """A mixture-of-experts model's last chunk carries the experts each position was routed to
+    (`meta_info.routed_experts`, `tracerl.routing`); a dense model returns none."""
     traceparent: SkipJsonSchema[str | None] = Field(default=None, exclude=True)
     """The caller's span (W3C `traceparent`), parent of the pool's generation span: in process
     only, never sent to an engine (excluded from dumps and from the engine's OpenAPI)."""
@@ -134,6 +140,9 @@ class GenerateOutput:
     adapter: str | None = None
     """The LoRA adapter that sampled these tokens (the request's `lora_path`; None: the base
     model); `weight_version` is then that adapter's version."""
+    routed_experts: np.ndarray | None = None
+    """`[prompt + output, L, k]` (`tracerl.routing`), on the last chunk of a request that asked
+    `return_routed_experts`, from a mixture-of-experts model."""
 
     def to_wire(self) -> dict[str, Any]:
         finish: dict[str, Any] | None = None
@@ -157,6 +166,11 @@ class GenerateOutput:
                 **(
                     {"weight_version_min": self.weight_version_min}
                     if self.weight_version_min is not None
+                    else {}
+                ),
+                **(
+                    {"routed_experts": RoutedExperts.of(self.routed_experts).model_dump()}
+                    if self.routed_experts is not None
                     else {}
                 ),
             },

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import numpy as np
 
 from tracerl.config import PoolConfig
 from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
@@ -57,6 +58,7 @@ from tracerl.rollout.members import (
     takes_in_process,
 )
 from tracerl.rollout.spans import traced_generation
+from tracerl.routing import fit, merge
 from tracerl.telemetry import INERT_SPAN, Span, Telemetry
 
 if TYPE_CHECKING:
@@ -82,6 +84,8 @@ class _Progress:
     """Weight version of its oldest token (None: no token yet)."""
     newest: int = 0
     """Weight version of its newest token."""
+    routing: np.ndarray | None = None
+    """Routed experts of its positions so far (`tracerl.routing`), from every attempt."""
 
 
 ClientFactory = Callable[[str], Engine]
@@ -296,6 +300,10 @@ class EnginePool:
                             raise EngineReplyError("ids and logprobs of different lengths")
                         progress.ids += chunk.output_ids
                         progress.logprobs += chunk.output_logprobs
+                        # an aborted attempt's routing covers the positions it computed; the
+                        # resumed one's the rest: the caller gets them as one, at the end
+                        progress.routing = merge(progress.routing, chunk.routed_experts)
+                        chunk.routed_experts = None
                         if chunk.output_ids:
                             progress.newest = chunk.weight_version
                             oldest = chunk.weight_version
@@ -313,6 +321,10 @@ class EnginePool:
                         chunk.adapter = attempt.lora_path
                         chunk.prompt_tokens = len(request.input_ids)
                         chunk.completion_tokens = len(progress.ids)
+                        if chunk.finish_reason is not None and progress.routing is not None:
+                            chunk.routed_experts = fit(
+                                progress.routing, len(request.input_ids) + len(progress.ids)
+                            )
                         if progress.oldest is not None and progress.oldest != chunk.weight_version:
                             chunk.weight_version_min = progress.oldest
                         yield chunk
@@ -373,6 +385,9 @@ class EnginePool:
             weight_version=progress.newest,
             finish_reason=finish,  # type: ignore[arg-type]
             adapter=request.lora_path,
+            routed_experts=None
+            if progress.routing is None
+            else fit(progress.routing, len(request.input_ids) + len(progress.ids)),
         )
 
     # ------------------------------------------------------------------ health

@@ -63,7 +63,7 @@ def test_what_the_engine_cannot_run(tmp_path: Path, capsys: pytest.CaptureFixtur
     gemma = build_family("gemma3", tmp_path / "gemma3")
     assert train(tmp_path, capsys, f"--trainer.model={gemma}", "--engine.forward=slots").startswith(
         f"tracerl: engine.forward: the slot-cache path cannot run {gemma} exactly (it runs "
-        "llama, mistral, qwen2, qwen3 layouts, not 'gemma3_text')"
+        "llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral layouts, not 'gemma3_text')"
     )
     assert train(tmp_path, capsys, "--engine.backend=vllm", "--engine.device=cpu") == (
         "tracerl: engine.backend: vLLM's CPU build has no attention kernel for head size 16 "
