@@ -66,6 +66,18 @@ class CriticOptimizerConfig(OptimizerConfig):
 ALL_LINEAR = "all-linear"
 
 
+class MoeConfig(Config):
+    """Mixture-of-experts models (`tracerl.routing`, `tracerl.train.replay`)."""
+
+    routing: Literal["replay", "recompute"] = "replay"
+    """`replay`: the gateway records which experts the engine routed every token to, and the
+    trainer's forwards (actor, reference, critic) use that routing instead of choosing their
+    own top-k (the routers' probabilities are still computed at the recorded experts, so
+    their gradient remains); positions without a record (the last token, a turn from an engine
+    that returns none) use the model's own choice. `recompute`: nothing is recorded, the
+    trainer routes by itself. A dense model has no routers: either is the same, and free."""
+
+
 class LoraConfig(Config):
     """Low-rank adapters (LoRA, through peft) trained in place of the full weights
     (`tracerl.train.lora`): the base weights stay frozen, the optimizer holds the adapters only,
@@ -126,6 +138,8 @@ class TrainerConfig(Config):
     position on the new horizon."""
     actor: OptimizerConfig = Field(default_factory=OptimizerConfig)
     """Actor optimisation."""
+    moe: MoeConfig = Field(default_factory=MoeConfig)
+    """`[trainer.moe]`: routing replay for mixture-of-experts models."""
     lora: LoraConfig | None = None
     """`[trainer.lora]`: train low-rank adapters instead of the full weights; unset: full
     fine-tuning."""

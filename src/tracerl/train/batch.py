@@ -22,6 +22,11 @@ the prefix). A group of 8 completions of a 50-token prompt then costs the prompt
 8 times; the outputs are those of the samples run one by one. The prefix stops before the
 token whose output predicts the first action, so every kept output has a position of its own.
 
+A mixture-of-experts sample may carry its recorded routing (`routed_experts`, a row per token,
+`tracerl.routing`); the packed layout holds it as `[N, L, k]` (-1 where unrecorded) and every
+micro-batch lays it out cell for cell like its `input_ids` (`MicroBatch.routing`), for the
+trainer's routing replay (`tracerl.train.replay`).
+
 Either way a micro-batch's model outputs are wanted only at positions whose *next* token is an
 action (`keep`); they come back flattened in packed order, so `actions` (their positions in the
 step's packed layout) is all it takes to put results in place.
@@ -39,9 +44,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 
 from tracerl.config.train import DEFAULT_BUCKET_SPLIT_COST, TrainerConfig
+from tracerl.routing import missing
 from tracerl.trace.schema import Trajectory
 
 Batching = Literal["pack", "bucket", "pad"]
@@ -66,6 +73,9 @@ class TrainSample:
     reward: float
     group_id: int = 0
     weight_version: int = 0
+    routed_experts: np.ndarray | None = None
+    """A mixture-of-experts model's routing of `token_ids`, `[len(token_ids), L, k]`
+    (`tracerl.routing`), for routing replay; None: the trainer routes by itself."""
 
     @classmethod
     def from_trajectory(
@@ -79,6 +89,9 @@ class TrainSample:
             reward=reward,
             group_id=group_id,
             weight_version=weight_version,
+            routed_experts=trajectory.routed_experts.array()
+            if trajectory.routed_experts is not None
+            else None,
         )
 
     def check(self, index: int) -> None:
@@ -98,6 +111,12 @@ class TrainSample:
             )
         if not math.isfinite(self.reward):
             raise SampleError(f"sample {index}: reward is {self.reward}")
+        routing = self.routed_experts
+        if routing is not None and (routing.ndim != 3 or routing.shape[0] != n):
+            raise SampleError(
+                f"sample {index}: routed_experts has shape {tuple(routing.shape)}, expected "
+                f"[{n}, layers, top_k] (a row per token)"
+            )
         bad = [
             t
             for t, (m, lp) in enumerate(zip(self.loss_mask, self.logprobs, strict=True))
@@ -121,9 +140,13 @@ class PackedBatch:
     group_ids: torch.Tensor  # [B] int64
     lengths: list[int]
     weight_versions: list[int]
+    routing: torch.Tensor | None = None  # [N, L, k] int64, -1 unrecorded; None: no sample has it
 
     @classmethod
-    def build(cls, samples: Sequence[TrainSample], device: torch.device) -> PackedBatch:
+    def build(
+        cls, samples: Sequence[TrainSample], device: torch.device, routing: bool = True
+    ) -> PackedBatch:
+        """`routing`: keep the samples' routed experts (for replay); off, they are dropped."""
         if not samples:
             raise SampleError("samples: a step needs at least one sample")
         for i, s in enumerate(samples):
@@ -145,6 +168,7 @@ class PackedBatch:
             group_ids=torch.tensor([s.group_id for s in samples], dtype=torch.int64, device=device),
             lengths=lengths,
             weight_versions=[s.weight_version for s in samples],
+            routing=_packed_routing(samples, device) if routing else None,
         )
 
     @property
@@ -175,7 +199,32 @@ class PackedBatch:
             group_ids=self.group_ids[rows],
             lengths=lengths,
             weight_versions=[self.weight_versions[i] for i in samples],
+            routing=None if self.routing is None else self.routing[index],
         )
+
+
+def _packed_routing(samples: Sequence[TrainSample], device: torch.device) -> torch.Tensor | None:
+    """The samples' routing in the packed layout, `[N, L, k]` (-1 where unrecorded, a sample
+    without any included), or None when no sample has any."""
+    given = [(i, s.routed_experts) for i, s in enumerate(samples) if s.routed_experts is not None]
+    if not given:
+        return None
+    shape = given[0][1].shape[1:]
+    for i, routing in given:
+        if routing.shape[1:] != shape:
+            raise SampleError(
+                f"sample {i}: routed_experts has {routing.shape[1]} layers x top-{routing.shape[2]}"
+                f", sample {given[0][0]} {shape[0]} x top-{shape[1]}: not one model's routing"
+            )
+    parts = []
+    for s in samples:
+        if s.routed_experts is None:
+            parts.append(np.full((len(s.token_ids), *shape), -1, dtype=np.int64))
+        else:
+            part = s.routed_experts.astype(np.int64)
+            part[(s.routed_experts == missing(s.routed_experts.dtype)).all(axis=(1, 2))] = -1
+            parts.append(part)
+    return torch.from_numpy(np.concatenate(parts)).to(device)
 
 
 @dataclass(frozen=True)
@@ -190,6 +239,7 @@ class MicroBatch:
     actions: torch.Tensor  # [k] positions in the step's packed layout, in output order
     tokens: torch.Tensor  # [k] the action tokens, in output order
     cu_seqlens: torch.Tensor  # [len(samples) + 1] over `actions`: each sample's action run
+    routing: torch.Tensor | None = None  # [R, L, layers, top_k] like input_ids; -1 unrecorded
 
     @property
     def num_tokens(self) -> int:
@@ -330,6 +380,7 @@ def _build(batch: PackedBatch, samples: list[int], batching: Batching, width: in
             position_ids=positions[None],
             attention_mask=None,
             keep=next_is_action[None],
+            routing=_routing_at(batch, index[None]),
             **common,
         )
     rows = len(samples)
@@ -339,14 +390,27 @@ def _build(batch: PackedBatch, samples: list[int], batching: Batching, width: in
     keep = torch.zeros(rows, width, dtype=torch.bool, device=device)
     input_ids[present] = ids
     keep[present] = next_is_action
+    source = torch.full((rows, width), -1, dtype=torch.int64, device=device)
+    source[present] = index
     return MicroBatch(
         samples=samples,
         input_ids=input_ids,
         position_ids=None,
         attention_mask=present.long(),
         keep=keep,
+        routing=_routing_at(batch, source),
         **common,
     )
+
+
+def _routing_at(batch: PackedBatch, source: torch.Tensor) -> torch.Tensor | None:
+    """The routing of the packed positions `source` (`[R, L]`, -1 for padding): `[R, L,
+    layers, top_k]`, -1 where unrecorded or padding; None when the batch has none."""
+    if batch.routing is None:
+        return None
+    out = batch.routing[source.clamp(min=0)]
+    out[source < 0] = -1
+    return out
 
 
 Unit = tuple[list[int], int]  # (samples in one tree row, tokens they share at the start)
@@ -407,11 +471,13 @@ def _build_trees(batch: PackedBatch, units: list[Unit]) -> MicroBatch:
     positions = torch.zeros(rows, width, dtype=torch.int64, device=device)
     segments = torch.full((rows, width), -1, dtype=torch.int64, device=device)
     keep = torch.zeros(rows, width, dtype=torch.bool, device=device)
+    source = torch.full((rows, width), -1, dtype=torch.int64, device=device)
     order: list[int] = []
     actions, counts = [], []
     for r, (members, shared) in enumerate(units):
         first = batch.token_index([members[0]])
         input_ids[r, :shared] = batch.token_ids[first[:shared]]
+        source[r, :shared] = first[:shared]  # the prompt's routing as its first member saw it
         positions[r, :shared] = torch.arange(shared, device=device)
         segments[r, :shared] = 0
         column = shared
@@ -421,6 +487,7 @@ def _build_trees(batch: PackedBatch, units: list[Unit]) -> MicroBatch:
             rest = batch.lengths[i] - shared
             span = slice(column, column + rest)
             input_ids[r, span] = batch.token_ids[index[shared:]]
+            source[r, span] = index[shared:]
             positions[r, span] = torch.arange(shared, batch.lengths[i], device=device)
             segments[r, span] = j
             keep[r, column : column + rest - 1] = mask[shared + 1 :]
@@ -444,4 +511,5 @@ def _build_trees(batch: PackedBatch, units: list[Unit]) -> MicroBatch:
         actions=flat,
         tokens=batch.token_ids[flat],
         cu_seqlens=cu,
+        routing=_routing_at(batch, source),
     )

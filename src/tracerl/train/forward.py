@@ -2,10 +2,12 @@
 
 Log-probs follow the engine's definition: `log_softmax(logits / T)` at the sampled token, before
 any top-p / top-k truncation (`tracerl.engine.sampling`); T = 0 (greedy) is reported at T = 1.
-Logits are computed only where the next token is an action (`logits_to_keep` with the
-micro-batch's boolean `keep`), so prompt and observation tokens never reach the vocabulary
-head. The log-prob is `z[token] - logsumexp(z)`, which never materialises a second `[k, V]`
-log-softmax for backward; the entropy (a metric, no grad) reuses the same `logsumexp`.
+A mixture-of-experts micro-batch with recorded routing is forwarded under it
+(`tracerl.train.replay`). Logits are computed only where the next token is an action
+(`logits_to_keep` with the micro-batch's boolean `keep`), so prompt and observation tokens
+never reach the vocabulary head. The log-prob is `z[token] - logsumexp(z)`, which never
+materialises a second `[k, V]` log-softmax for backward; the entropy (a metric, no grad)
+reuses the same `logsumexp`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 
 from tracerl.train.batch import MicroBatch
+from tracerl.train.replay import replayed
 
 
 def action_logprobs(
@@ -26,13 +29,14 @@ def action_logprobs(
     """Log-probs of `mb`'s action tokens `[k]` (with grad if enabled), and their entropies
     `[k]` (no grad) when asked."""
     by_mask = keeps_logits_by_mask(model.__class__)
-    logits = model(
-        input_ids=mb.input_ids,
-        position_ids=mb.position_ids,
-        attention_mask=mb.attention_mask,
-        logits_to_keep=mb.keep if by_mask else 0,
-        use_cache=False,
-    ).logits
+    with replayed(model, mb.routing):
+        logits = model(
+            input_ids=mb.input_ids,
+            position_ids=mb.position_ids,
+            attention_mask=mb.attention_mask,
+            logits_to_keep=mb.keep if by_mask else 0,
+            use_cache=False,
+        ).logits
     logits = (logits if by_mask else logits[mb.keep]).float()  # [k, V]
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
@@ -58,9 +62,13 @@ def keeps_logits_by_mask(cls: Any) -> bool:
 
 def action_values(critic: Any, mb: MicroBatch) -> torch.Tensor:
     """The critic's value of the state before each action token of `mb`. `[k]`"""
-    values: torch.Tensor = critic(
-        mb.input_ids, keep=mb.keep, position_ids=mb.position_ids, attention_mask=mb.attention_mask
-    )
+    with replayed(critic, mb.routing):
+        values: torch.Tensor = critic(
+            mb.input_ids,
+            keep=mb.keep,
+            position_ids=mb.position_ids,
+            attention_mask=mb.attention_mask,
+        )
     return values
 
 

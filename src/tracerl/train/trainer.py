@@ -63,6 +63,7 @@ from tracerl.train.batch import (
 from tracerl.train.forward import all_logprobs, all_values
 from tracerl.train.models import load_actor, load_reference, value_model_from_actor
 from tracerl.train.phases import MemoryPhases, Phase, Place
+from tracerl.train.replay import check_replayable
 from tracerl.train.schedule import ResumableLambdaLR, build_lr_schedule
 from tracerl.train.shard import Shard, reshard, shard_model, world
 from tracerl.train.update import (
@@ -124,6 +125,8 @@ class Trainer:
             if config.uses_reference and self.lora is None
             else None
         )
+        # routing replay where the model has routers (refused for routers it cannot replay)
+        self.replay = config.moe.routing == "replay" and check_replayable(self.actor) > 0
         self.batching = resolve_batching(config.batching, self.actor)
         # a tree row's mask replaces the model's own, which would drop a sliding window
         self.share_prefix = config.share_prefix and sliding_window(self.actor.config) is None
@@ -280,6 +283,9 @@ class Trainer:
         metrics.set("step", float(self.step_count))
         metrics.set("weight_version/min", float(min(versions)))
         metrics.set("weight_version/max", float(max(versions)))
+        if self.replay:  # positions whose routing was replayed (the rest routed by the model)
+            replayed = 0 if batch.routing is None else int((batch.routing[:, 0, 0] >= 0).sum())
+            metrics.set("moe/replayed_fraction", replayed / max(int(batch.token_ids.numel()), 1))
         metrics.mean("reward/mean", float(batch.rewards.sum()) / max(batch.size, 1), batch.size)
         return metrics.result()
 
@@ -288,7 +294,8 @@ class Trainer:
         if not samples:
             raise SampleError("samples: a step needs at least one sample")
         shard = Shard.split(samples, self.rank, self.world_size)
-        return shard, PackedBatch.build([samples[i] for i in shard.owned], self.device)
+        owned = [samples[i] for i in shard.owned]
+        return shard, PackedBatch.build(owned, self.device, routing=self.replay)
 
     def sft_step(self, samples: Sequence[TrainSample]) -> dict[str, float]:
         """One supervised step on `samples`: the mean negative log-likelihood of their
