@@ -1,9 +1,9 @@
 """Model families beyond the Llama layout on the embedded engine and the trainer: random two-layer
-models of Gemma 2 and 3 (sliding and global layers), Qwen3-MoE, Phi-3, OLMo 2, Granite and a
-Mistral with a sliding window (`tests/families.py`). The engine's recorded log-probs are the
-model's own (an independent full forward, its attention and window included), the trainer's are
-the same, and `tracerl train` runs GRPO and PPO steps on each, its weight probe passing after
-every push."""
+models of Gemma 2 and 3 (sliding and global layers), Qwen2-MoE, Qwen3-MoE, Mixtral, Phi-3, OLMo
+2, Granite and a Mistral with a sliding window (`tests/families.py`). The engine's recorded
+log-probs are the model's own (an independent full forward, its attention and window included),
+the trainer's are the same, and `tracerl train` runs GRPO and PPO steps on each, its weight
+probe passing after every push (a mixture of experts replaying the engine's routing)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ async def test_recorded_log_probs_are_the_models_own(
     engine = LocalEngine(
         EngineConfig(model=path, device="cpu", kv_cache_tokens=4096, max_model_len=256)
     )
-    assert isinstance(engine.runner, GenericRunner)  # none of these fits the slot path exactly
+    # the mixtures of experts run on the slot path; none of the others fits it exactly
+    assert isinstance(engine.runner, GenericRunner) != family.endswith(("moe", "mixtral"))
     trainer = Trainer(TrainerConfig(model=path, token_budget=512), device="cpu")
     prompts = [list(range(100, 100 + 3 * WINDOW)), list(range(300, 300 + 5 * WINDOW))]
     await engine.start()
@@ -114,6 +115,10 @@ def test_train_runs_steps_on_the_family(
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
     assert all(s["weights/probe_logprob_diff"] < 2e-4 for s in steps)
+    if family.endswith(("moe", "mixtral")):  # the engine's routing replayed (all but last tokens)
+        assert all(s["moe/replayed_fraction"] > 0.9 for s in steps)
+    else:
+        assert not any("moe/replayed_fraction" in s for s in steps)
 
 
 @pytest.mark.parametrize("family", ["mistral-window", "gemma3"])

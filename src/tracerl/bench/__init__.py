@@ -24,6 +24,7 @@ BENCHMARKS = {
     "scale": "tracerl.bench.scale",
     "store": "tracerl.bench.store",
     "view": "tracerl.bench.view",
+    "moe": "tracerl.bench.moe",
 }
 
 VLLM_VARIANTS = {"engine": "tracerl.bench.engine_vllm", "gateway": "tracerl.bench.gateway_vllm"}

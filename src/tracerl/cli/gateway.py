@@ -67,6 +67,7 @@ async def _gateway_up(
         telemetry=telemetry,
         history=config.history,
         chat_format=config.chat_format,
+        record_routed_experts=config.record_routed_experts,
     )
     runner, port = await start_server(
         gateway.app(), config.host, config.port, cancel_on_disconnect=False

@@ -39,12 +39,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Rendering:
     """How a gateway actor renders sessions: the run's system prompt, `history`, the text of
-    `trainer.chat_template` (read on the driver, whose file it names) and `chat_format`."""
+    `trainer.chat_template` (read on the driver, whose file it names), `chat_format` and
+    whether turns record a MoE model's routed experts (`trainer.moe.routing = "replay"`)."""
 
     system_prompt: str | None = None
     history: str = "extend"
     chat_template: str | None = None
     chat_format: str = "auto"
+    record_routed_experts: bool = True
 
 
 class GatewayServer:
@@ -101,6 +103,7 @@ class GatewayServer:
             telemetry=self.telemetry,
             history=rendering.history,
             chat_format=rendering.chat_format,
+            record_routed_experts=rendering.record_routed_experts,
         )
         self.runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)
         return f"http://{reachable_host(bind)}:{port}"

@@ -67,6 +67,11 @@ class GatewayConfig(Config):
     it to the room left (recorded as the turn's `max_new_tokens`), `reject` answers 400 naming
     the field. A prompt that leaves no room is a 400 either way."""
 
+    record_routed_experts: bool = True
+    """Ask the engine for a mixture-of-experts model's routed experts on every traced turn and
+    record them in the trace (`tracerl.routing`); a dense model's engine returns none, so this
+    costs it nothing. A run sets it from `trainer.moe.routing` (off for `recompute`)."""
+
     access_log: bool = True
     """One line per request on stdout: method, path, session, status, tokens, milliseconds
     (`--quiet` turns it off)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
+import numpy as np
 
 from tracerl.engine.client import EngineHTTPError, EngineReplyError
 from tracerl.engine.detokenize import IncrementalDetokenizer, safe_decode
@@ -28,6 +29,7 @@ from tracerl.engine.types import (
     RequestError,
     SamplingParams,
 )
+from tracerl.routing import fit
 
 
 class UpstreamError(Exception):
@@ -89,6 +91,8 @@ class Completion:
     served_by: str | None = None
     """The pool member that generated it, and in how many attempts (None, 0: no pool)."""
     attempts: int = 0
+    routed_experts: np.ndarray | None = None
+    """`[prompt + ids, L, k]`: a mixture-of-experts model's routing (`tracerl.routing`)."""
 
 
 async def generate(
@@ -101,10 +105,12 @@ async def generate(
     stream: bool = True,
     traceparent: str | None = None,
     adapter: str | None = None,
+    routing: bool = False,
 ) -> AsyncIterator[Progress | Completion]:
     """Yield the reply so far after each engine chunk, then the `Completion`. `traceparent`:
     the gateway request's span, parent of the pool's generation span; `adapter`: the LoRA
-    adapter to sample with (None: the engine's default).
+    adapter to sample with (None: the engine's default); `routing`: ask a mixture-of-experts
+    engine for its routed experts.
 
     Without `stream` (and without stop strings, which need the text as it grows) the engine is
     asked for the whole reply at once, which costs one JSON reply instead of a stream of events.
@@ -117,6 +123,7 @@ async def generate(
         stream=False,
         traceparent=traceparent,
         lora_path=adapter,
+        return_routed_experts=routing,
         sampling_params=SamplingParams(
             max_new_tokens=spec.max_new_tokens,
             temperature=spec.temperature,
@@ -137,6 +144,7 @@ async def generate(
     text = ""
     stop_hit: tuple[str, int] | None = None
     served_by, attempts = None, 0
+    routed: np.ndarray | None = None
     try:
         chunks: AsyncGenerator[GenerateOutput, None] = (
             engine.generate_stream(request) if incremental else _one(engine.generate(request))
@@ -152,6 +160,8 @@ async def generate(
                     served_by, attempts = chunk.served_by, chunk.attempts
                 if chunk.adapter is not None:
                     adapter = chunk.adapter
+                if chunk.routed_experts is not None:
+                    routed = chunk.routed_experts
                 if chunk.weight_version_min is not None:
                     min_version = chunk.weight_version_min
                 if incremental:
@@ -185,6 +195,8 @@ async def generate(
         stop_sequence, cut = stop_hit
         keep = _tokens_covering(tokenizer, ids, cut + len(stop_sequence))
         ids, logprobs, text, finish = ids[:keep], logprobs[:keep], text[:cut], "stop"
+        if routed is not None:  # a row per token kept, the last unrecorded
+            routed = fit(routed[: len(prompt_ids) + keep - 1], len(prompt_ids) + keep)
         yield Progress(text, ids, logprobs)
     if finish not in ("stop", "length", "abort"):
         raise UntraceableReply("engine stream ended without a finish reason")
@@ -205,6 +217,7 @@ async def generate(
         adapter=adapter,
         served_by=served_by,
         attempts=attempts,
+        routed_experts=routed,
     )
 
 

@@ -114,11 +114,13 @@ class Gateway:
         telemetry: Telemetry | None = None,
         history: str = "extend",
         chat_format: str = "auto",
+        record_routed_experts: bool = True,
     ) -> None:
         """`max_model_len`: the engines' context (the model info's), against which token
         budgets are capped or rejected (`max_tokens_policy`); `access_log`: a line per
         request on stdout; `telemetry`: where request spans go (default: off); `history`:
-        `gateway.history` (`tracerl.gateway.session`); `chat_format`: `gateway.chat_format`."""
+        `gateway.history` (`tracerl.gateway.session`); `chat_format`: `gateway.chat_format`;
+        `record_routed_experts`: `gateway.record_routed_experts`."""
         self.telemetry = telemetry or Telemetry()
         self.engine, self.tokenizer, self.store = engine, tokenizer, store
         self.max_model_len, self.max_tokens_policy = max_model_len, max_tokens_policy
@@ -129,6 +131,7 @@ class Gateway:
         self.history, self.turn_ends = history, self.renderer.turn_ends(self.eos_ids)
         self.admin_key = admin_key or secrets.token_urlsafe(24)
         self.system_prompt = system_prompt
+        self.record_routed_experts = record_routed_experts
         self.max_request_bytes = max_request_bytes
         self.sessions: dict[str, SessionState] = {}
         self.counters: Counter[str] = Counter()
@@ -434,6 +437,7 @@ class Gateway:
             stream=parsed.stream,
             traceparent=span.traceparent,
             adapter=None if demo else adapter,  # a demonstration is the client's, not sampled
+            routing=self.record_routed_experts and state is not None and not demo,
         )
         try:
             first = await anext(items)

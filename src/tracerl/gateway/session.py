@@ -41,6 +41,7 @@ from tracerl.gateway.api import ANY_TOOL, ApiRequest, Dialect, Outcome
 from tracerl.gateway.generation import Completion
 from tracerl.gateway.messages import BadRequest, canonical_assistant
 from tracerl.gateway.render import ChatRenderer
+from tracerl.routing import RoutedExperts
 from tracerl.trace.schema import Turn
 
 if TYPE_CHECKING:
@@ -354,6 +355,7 @@ async def commit_turn(
             weight_version=c.weight_version,
             weight_version_min=c.weight_version_min,
             adapter=c.adapter,
+            routed_experts=None if c.routed_experts is None else RoutedExperts.of(c.routed_experts),
             client_disconnected=client_disconnected,
             request=turn.body,
             response=response,

@@ -77,6 +77,12 @@ class TraceStore(Protocol):
     async def close(self) -> None: ...
 
 
+def turn_json(turn: Turn) -> str:
+    """A turn as the stores keep it: orjson over the field dict (a fifth of `model_dump_json`'s
+    cost for the same JSON), nested models (its routed experts) as their dicts."""
+    return orjson.dumps(dict(turn), default=lambda v: v.model_dump()).decode()
+
+
 async def read_trace(store: TraceStore, session_id: str) -> SessionTrace | None:
     """A session's record and turns from `store`, with its trajectories assembled; None for a
     session the store does not hold."""
@@ -157,8 +163,7 @@ class SQLiteTraceStore:
     async def append_turn(self, session_id: str, turn: Turn) -> None:
         await self._write(
             "INSERT INTO turns (session_id, idx, data, created) VALUES (?,?,?,?)",
-            # orjson over the field dict: a fifth of model_dump_json's cost for the same JSON
-            (session_id, turn.index, orjson.dumps(dict(turn)).decode(), time.time()),
+            (session_id, turn.index, turn_json(turn), time.time()),
         )
 
     async def turns(self, session_id: str) -> list[Turn]:

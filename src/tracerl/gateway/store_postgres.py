@@ -15,9 +15,7 @@ import json
 import time
 from typing import Any
 
-import orjson
-
-from tracerl.gateway.store import SessionRecord, StoreError, read_trace
+from tracerl.gateway.store import SessionRecord, StoreError, read_trace, turn_json
 from tracerl.trace.schema import SessionTrace, Turn
 
 SCHEMA = """
@@ -111,7 +109,7 @@ class PostgresTraceStore:
     async def append_turn(self, session_id: str, turn: Turn) -> None:
         await self._execute(
             "INSERT INTO turns (session_id, idx, data, created) VALUES (%s,%s,%s,%s)",
-            (session_id, turn.index, orjson.dumps(dict(turn)).decode(), time.time()),
+            (session_id, turn.index, turn_json(turn), time.time()),
         )
 
     async def turns(self, session_id: str) -> list[Turn]:

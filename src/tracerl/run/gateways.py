@@ -75,6 +75,7 @@ async def start(
         telemetry=telemetry,
         history=config.history,
         chat_format=config.trainer.chat_format,
+        record_routed_experts=config.trainer.moe.routing == "replay",
     )
     bind = cluster.bind if cluster.backend == "ray" else "127.0.0.1"
     runner, port = await start_server(gateway.app(), bind, 0, cancel_on_disconnect=False)
@@ -103,7 +104,13 @@ async def _actors(
         engine_urls(pool),
         where,
         admin_key,
-        Rendering(config.system_prompt, config.history, template, config.trainer.chat_format),
+        Rendering(
+            config.system_prompt,
+            config.history,
+            template,
+            config.trainer.chat_format,
+            config.trainer.moe.routing == "replay",
+        ),
         cluster.bind,
         config.telemetry,
     )

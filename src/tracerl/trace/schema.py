@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tracerl.routing import RoutedExperts
+
 Endpoint = Literal["chat.completions", "messages", "responses"]
 TurnFinish = Literal["stop", "length", "tool_calls", "abort"]
 
@@ -40,6 +42,9 @@ class Turn(BaseModel):
     """The reply was the client's (a scripted policy's demonstration), not sampled: its
     tokens are the chat template's rendering of it, its log-probs 0.0. For supervised
     fine-tuning; RL never trains on it."""
+    routed_experts: RoutedExperts | None = None
+    """A mixture-of-experts model's routing of `prompt_ids + completion_ids` (shape `[T, L,
+    k]`, the last row unrecorded; `tracerl.routing`), when the gateway recorded it."""
     max_new_tokens: int | None = None
     """The token budget the engine was given: the request's, or less when it was capped to the
     room the context had left (`gateway.max_tokens_policy = "cap"`); None: the engine's own."""
@@ -52,6 +57,9 @@ class Trajectory(BaseModel):
     loss_mask: list[int]
     logprobs: list[float]
     turn_indices: list[int]
+    routed_experts: RoutedExperts | None = None
+    """The routing of `token_ids`, row by row (`tracerl.routing`): each position's from the
+    first of its turns that recorded it; None when no turn did."""
 
 
 class SessionTrace(BaseModel):
