@@ -92,22 +92,17 @@ def run_tracerl(
         )
     )  # fmt: skip
     wall = learn_agents.train(config, run_dir, minutes * 60 + OVERRUN_S)
-    judged = judge_checkpoint(run_dir / "checkpoints", task_dir)
+    judged = judge_checkpoint(run_dir, task_dir)
     return learn_agents.run_record(run_dir, system, seed, judged, wall)
 
 
-def judge_checkpoint(checkpoints: Path, task_dir: Path) -> float:
-    """Greedy held-out accuracy of the newest checkpoint's actor."""
-    from safetensors.torch import load_model
+def judge_checkpoint(run_dir: Path, task_dir: Path) -> float:
+    """Greedy held-out accuracy of the actor of `run_dir`'s newest checkpoint (read as `tracerl
+    export` reads it, whichever checkpoint format the run wrote)."""
+    from tracerl.bench.learn_tasks import greedy_accuracy
+    from tracerl.train.export import checkpoint_actor
 
-    from tracerl.bench.learn_tasks import greedy_accuracy, load_policy
-    from tracerl.train.checkpoint import latest_checkpoint
-
-    latest = latest_checkpoint(checkpoints)
-    if latest is None:
-        raise RuntimeError(f"{checkpoints}: no checkpoint to judge")
-    model, tokenizer = load_policy()
-    load_model(model, str(latest / "actor.safetensors"), strict=True)
+    model, tokenizer, _ = checkpoint_actor(run_dir)
     return greedy_accuracy(model, tokenizer, read_jsonl(task_dir / "heldout.jsonl"))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -44,11 +45,30 @@ def export_checkpoint(
     """Write the actor of `run_dir`'s checkpoint `step` (None: the newest) to `out`; a LoRA
     run's merged (base + adapters), or with `adapter` its adapter alone in peft's layout."""
     from tracerl.train import lora
-    from tracerl.train.models import load_actor
-    from tracerl.train.trainer import DTYPES
 
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"OUT: {out} exists and is not an empty directory")
+    actor, tokenizer, config = checkpoint_actor(run_dir, step)
+    if adapter and config.lora is None:
+        raise ConfigError(f"--adapter: {run_dir} trained the full weights, not LoRA adapters")
+    if config.lora is None:
+        return ckpt.export_hf(out, actor, tokenizer)
+    if adapter:
+        lora.write_adapter(out, actor, config.model)
+        return out
+    merged = {"actor": dict(lora.merged_named_tensors(actor))}
+    return ckpt.export_hf(out, actor, tokenizer, states=merged)
+
+
+def checkpoint_actor(
+    run_dir: Path, step: int | None = None
+) -> tuple[torch.nn.Module, Any, TrainerConfig]:
+    """The actor of `run_dir`'s checkpoint `step` (None: the newest), verified and loaded in
+    eval mode (a LoRA run's with its adapters), its tokenizer and the run's trainer config."""
+    from tracerl.train import lora
+    from tracerl.train.models import load_actor
+    from tracerl.train.trainer import DTYPES
+
     root = find_checkpoint(run_dir, step)
     manifest = json.loads((root / ckpt.MANIFEST).read_text())
     try:
@@ -56,8 +76,6 @@ def export_checkpoint(
     except ckpt.CheckpointError as e:
         raise ConfigError(f"RUN_DIR: {e}") from None
     config = TrainerConfig.model_validate(manifest["config"])
-    if adapter and config.lora is None:
-        raise ConfigError(f"--adapter: {run_dir} trained the full weights, not LoRA adapters")
     actor, tokenizer, _ = load_actor(
         config.model, dtype=DTYPES[config.dtype], chat_template=config.chat_template
     )
@@ -70,13 +88,7 @@ def export_checkpoint(
         load_model(actor, str(root / "actor.safetensors"), strict=True)
     else:
         _load_actor_shards(root, actor)
-    if config.lora is None:
-        return ckpt.export_hf(out, actor, tokenizer)
-    if adapter:
-        lora.write_adapter(out, actor, config.model)
-        return out
-    merged = {"actor": dict(lora.merged_named_tensors(actor))}
-    return ckpt.export_hf(out, actor, tokenizer, states=merged)
+    return actor, tokenizer, config
 
 
 def _load_actor_shards(root: Path, actor: torch.nn.Module) -> None:

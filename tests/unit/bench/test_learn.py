@@ -93,3 +93,26 @@ def test_included_runs_are_checked_before_any_training(tmp_path: Path) -> None:
     assert not (tmp_path / "work0").exists() and not (tmp_path / "work1").exists()
     assert [r["seed"] for r in learn.read_included(earlier, ["hard"])] == [0, 0]
     assert learn.read_included(earlier, ["medium"]) == []
+
+
+def test_the_judge_reads_the_checkpoint_a_run_writes(tmp_path: Path) -> None:
+    """The judge scores the newest checkpoint's trained weights (the format `tracerl train`
+    writes now: DCP shards), not the base model's: it once looked for a file that format has
+    no more, and every run of `bench learn` failed after its training."""
+    import torch
+
+    from tracerl.bench.learn import judge_checkpoint, write_jsonl
+    from tracerl.config.train import TrainerConfig
+    from tracerl.train import Trainer
+    from tracerl.train.export import checkpoint_actor
+
+    trainer = Trainer(TrainerConfig(model="tiny", algorithm="grpo"), device="cpu")
+    with torch.no_grad():
+        trainer.actor.lm_head.weight.mul_(3.0)  # weights the base model does not have
+    run_dir = tmp_path / "run"
+    trainer.save_checkpoint(run_dir / "checkpoints")
+    actor, _, _ = checkpoint_actor(run_dir)
+    assert torch.equal(actor.lm_head.weight, trainer.actor.lm_head.weight)
+    _, heldout = split_tasks("medium", 20, 4, seed=0)
+    write_jsonl(tmp_path / "heldout.jsonl", heldout)
+    assert 0.0 <= judge_checkpoint(run_dir, tmp_path) <= 1.0
