@@ -21,8 +21,10 @@ name ends in `TopKRouter`, with `top_k` and `num_experts`, whose forward returns
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -92,6 +94,38 @@ def merge(earlier: np.ndarray | None, later: np.ndarray | None) -> np.ndarray | 
 def recorded_rows(routing: np.ndarray) -> int:
     """Positions of `routing` that hold a record."""
     return int((~(routing == missing(routing.dtype)).all(axis=(1, 2))).sum())
+
+
+def moe_layout(model: str) -> tuple[int, int, int] | None:
+    """`(layers, top_k, experts)` of a model directory's config (`config.json`) when it is a
+    mixture of experts, else None: the built-in models are dense, and a GGUF file is not read
+    (no engine server is asked for routing then). `layers` is `num_hidden_layers`, as SGLang
+    counts them."""
+    config_file = Path(model).expanduser() / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    config = config.get("text_config", config)
+    top_k = config.get("num_experts_per_tok")
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    if not top_k or not experts:
+        return None
+    return int(config["num_hidden_layers"]), int(top_k), int(experts)
+
+
+def from_sglang(data: str, layout: tuple[int, int, int], tokens: int) -> np.ndarray:
+    """SGLang's `meta_info.routed_experts` (base64 of raw int32 `[rows, layers, top_k]`, a row
+    per fed position) as a record of `tokens` rows; `ValueError` naming what does not fit."""
+    layers, top_k, experts = layout
+    raw = np.frombuffer(base64.b64decode(data, validate=True), dtype=np.int32)
+    if raw.size % (layers * top_k):
+        raise ValueError(f"{raw.size} expert ids are not rows of {layers} layers x top-{top_k}")
+    rows = raw.reshape(-1, layers, top_k)
+    if rows.shape[0] >= tokens:
+        raise ValueError(f"{rows.shape[0]} rows for {tokens} tokens (at most {tokens - 1})")
+    if rows.size and (rows.min() < 0 or rows.max() >= experts):
+        raise ValueError(f"expert ids outside [0, {experts})")
+    return fit(rows.astype(routing_dtype(experts)), tokens)
 
 
 class RoutedExperts(BaseModel):

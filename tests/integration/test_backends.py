@@ -138,6 +138,17 @@ def test_launch_commands_carry_the_engine_settings() -> None:
                  "--enable-metrics", "--max-total-tokens 4096",
                  "--context-length 1024"):  # fmt: skip
         assert flag in joined
+    assert "--enable-return-routed-experts" not in joined  # a dense model
+
+
+def test_sglang_returns_a_moe_models_routed_experts(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 2, "num_experts_per_tok": 2, "num_local_experts": 8})
+    )
+    config = EngineConfig(backend="sglang")
+    assert "--enable-return-routed-experts" in launch_command(config, tmp_path, 8125)[0]
+    off = config.model_copy(update={"record_routed_experts": False})
+    assert "--enable-return-routed-experts" not in launch_command(off, tmp_path, 8125)[0]
 
 
 def test_lora_launches_enable_runtime_adapters_on_vllm_and_sglang() -> None:

@@ -5,11 +5,13 @@ pool and the collector need from a real SGLang server, short of one (that runs o
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -22,6 +24,14 @@ from tracerl.engine.sglang import SGLangClient
 from tracerl.engine.types import GenerateRequest, WeightLoadError
 from tracerl.rollout.backends import client_for
 from tracerl.rollout.pool import EnginePool, Member
+
+MOE = (2, 2, 8)  # the fake's routing: 2 layers, top-2 of 8 experts
+
+
+def expert_ids(position: int) -> np.ndarray:
+    """What the fake's router chose at `position`, `[layers, top_k]`."""
+    return (position * 7 + np.arange(4).reshape(2, 2) * 3) % MOE[2]
+
 
 SAMPLING_KEYS = {"max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids",
                  "ignore_eos", "sampling_seed", "json_schema"}  # fmt: skip
@@ -64,7 +74,7 @@ class FakeSGLang:
                     await self.resumed.wait()
                 if rid in self.aborted:
                     finish: dict[str, Any] = {"type": "abort", "message": "Aborted"}
-                    await self._send(resp, rid, [], finish, k, spans)
+                    await self._send(resp, rid, [], finish, k, spans, body)
                     break
                 token = 100 + (params.get("sampling_seed") or 0) + k + shift
                 if spans and spans[-1]["version"] == self.version:
@@ -74,7 +84,7 @@ class FakeSGLang:
                 last = k == n - 1
                 finish = {"type": "length", "length": n} if last else None
                 self.generated += 1
-                await self._send(resp, rid, [token], finish, k + 1, spans if last else None)
+                await self._send(resp, rid, [token], finish, k + 1, spans if last else None, body)
                 await asyncio.sleep(0.002)  # the fake's decode step
         finally:
             self.running -= 1
@@ -84,15 +94,19 @@ class FakeSGLang:
 
     async def _send(
         self, resp: web.StreamResponse, rid: str, ids: list[int], finish: Any, done: int,
-        spans: list[dict[str, Any]] | None,
+        spans: list[dict[str, Any]] | None, body: dict[str, Any],
     ) -> None:  # fmt: skip
+        prompt = len(body["input_ids"])
         meta: dict[str, Any] = {
-            "id": rid, "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": done,
-            "output_token_logprobs": [[-0.25, i, None] for i in ids],
+            "id": rid, "finish_reason": finish, "prompt_tokens": prompt,
+            "completion_tokens": done, "output_token_logprobs": [[-0.25, i, None] for i in ids],
             "weight_version": self.version, "cached_tokens": 0,
         }  # fmt: skip
         if spans is not None:
             meta["weight_versions"] = spans
+        if finish is not None and body.get("return_routed_experts"):  # SGLang's raw int32 rows
+            rows = np.stack([expert_ids(p) for p in range(prompt + done - 1)]).astype(np.int32)
+            meta["routed_experts"] = base64.b64encode(rows.tobytes()).decode()
         event = {"text": "", "output_ids": ids, "meta_info": meta}
         await resp.write(f"data: {json.dumps(event)}\n\n".encode())
 
@@ -316,3 +330,38 @@ async def test_the_collector_reads_an_sglang_engine(sglang) -> None:
     loads = await collector.poll_once()
     assert [x.capacity_tokens for x in loads] == [50000, 50000]
     assert all(x.kv_usage == 0.25 and x.max_model_len == 4096 for x in loads)
+
+
+async def test_routed_experts_come_back_through_an_abort_as_one_record(tmp_path) -> None:
+    """A MoE model's client asks for routed experts and reads SGLang's raw int32 rows with
+    the layout of the model's config; an aborted and resumed request gets one record over all
+    its tokens. A dense model's client does not ask."""
+    model = tmp_path / "moe"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 2, "num_experts_per_tok": 2, "num_experts": 8}
+    ))  # fmt: skip
+    fake = FakeSGLang()
+    runner, port = await start_server(fake.app(), "127.0.0.1", 0)
+    client = client_for(
+        EngineConfig(backend="sglang", model=str(model)), f"http://127.0.0.1:{port}", 30
+    )
+    assert isinstance(client, SGLangClient) and client.sglang_routing == MOE
+    pool = EnginePool([Member("sglang", client)])
+    req = request("moe-r1", 60).model_copy(update={"return_routed_experts": True})
+    try:
+        task, chunks = await streaming(pool, req)
+        assert await client.abort("moe-r1") == 1
+        await asyncio.wait_for(task, 30)
+    finally:
+        await pool.close()
+        await runner.cleanup()
+    assert pool.counters["aborted_resumed"] == 1
+    assert all(b["return_routed_experts"] for b in fake.bodies)
+    record = chunks[-1].routed_experts
+    assert record is not None and record.shape == (3 + 60, 2, 2) and record.dtype == np.uint8
+    np.testing.assert_array_equal(record[:-1], np.stack([expert_ids(p) for p in range(62)]))
+    assert (record[-1] == 255).all()
+    dense = client_for(EngineConfig(backend="sglang"), "http://127.0.0.1:1", 30)
+    assert isinstance(dense, SGLangClient) and dense.sglang_routing is None
+    assert "return_routed_experts" not in dense._wire(req, True)

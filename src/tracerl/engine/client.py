@@ -11,7 +11,7 @@ import orjson
 
 from tracerl.engine.protocol import PauseMode
 from tracerl.engine.types import GenerateOutput, GenerateRequest
-from tracerl.routing import RoutedExperts
+from tracerl.routing import RoutedExperts, from_sglang
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -40,8 +40,12 @@ def version_label(label: Any) -> int:
         return 0
 
 
-def output_from_wire(payload: Any) -> GenerateOutput:
-    """Validate one `/generate` reply or stream chunk; `EngineReplyError` if malformed."""
+def output_from_wire(
+    payload: Any, sglang_routing: tuple[int, int, int] | None = None
+) -> GenerateOutput:
+    """Validate one `/generate` reply or stream chunk; `EngineReplyError` if malformed.
+    `sglang_routing`: the model's `(layers, top_k, experts)`, which SGLang's raw form of
+    `meta_info.routed_experts` needs (`tracerl.routing.from_sglang`)."""
     if not isinstance(payload, dict):
         raise EngineReplyError(f"reply is not a JSON object: {str(payload)[:100]}")
     meta = payload.get("meta_info")
@@ -68,11 +72,17 @@ def output_from_wire(payload: Any) -> GenerateOutput:
     if spans and min(spans) != version:  # SGLang and vLLM label every token's weights
         oldest = min(spans)
     routing = None
-    if meta.get("routed_experts") is not None:
-        try:
-            routing = RoutedExperts.model_validate(meta["routed_experts"]).array()
-        except ValueError as e:
-            raise EngineReplyError(f"meta_info.routed_experts: {e}") from None
+    recorded = meta.get("routed_experts")
+    try:
+        if isinstance(recorded, str):  # SGLang's: raw int32 rows without their shape
+            if sglang_routing is None:
+                raise ValueError("SGLang's raw form, but this client knows no MoE layout")
+            tokens = int(meta.get("prompt_tokens", 0)) + int(meta.get("completion_tokens", 0))
+            routing = from_sglang(recorded, sglang_routing, tokens)
+        elif recorded is not None:
+            routing = RoutedExperts.model_validate(recorded).array()
+    except ValueError as e:
+        raise EngineReplyError(f"meta_info.routed_experts: {e}") from None
     return GenerateOutput(
         rid=str(meta.get("id", "")),
         output_ids=ids,
@@ -170,15 +180,18 @@ class EngineClient:
                 raise EngineHTTPError(resp.status, payload)
             return payload
 
-    @staticmethod
-    def _wire(request: GenerateRequest, stream: bool) -> dict[str, Any]:
+    sglang_routing: tuple[int, int, int] | None = None
+    """The model's MoE layout for SGLang's raw routed experts (`output_from_wire`)."""
+
+    def _wire(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
         body = request.model_dump()
         body["stream"] = stream
         return body
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
         return output_from_wire(
-            await self._request("POST", "/generate", self._wire(request, False))
+            await self._request("POST", "/generate", self._wire(request, False)),
+            self.sglang_routing,
         )
 
     async def generate_stream(
@@ -190,10 +203,10 @@ class EngineClient:
             if resp.status >= 300:
                 raise EngineHTTPError(resp.status, json_or_text(await resp.read()))
             if resp.content_type != "text/event-stream":  # a whole reply instead of a stream
-                yield output_from_wire(json_or_text(await resp.read()))
+                yield output_from_wire(json_or_text(await resp.read()), self.sglang_routing)
                 return
             async for payload in sse_events(resp):
-                yield output_from_wire(payload)
+                yield output_from_wire(payload, self.sglang_routing)
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
         body = {"abort_all": True} if abort_all else {"rid": rid}

@@ -16,10 +16,11 @@ The engine wire protocol is SGLang's own (`/generate`, `/abort_request`, `/pause
   loads each pushed version under a name of its own, `/unload_lora_adapter` drops old ones and
   `/update_weight_version` sets the version (`tracerl.engine.served_adapters`); a request's
   `lora_path` is sent as that adapter's newest version, whose number labels its tokens;
-- routed experts (`return_routed_experts`) are not asked for: SGLang returns them only from a
-  server launched with `--enable-return-routed-experts`, as raw int32 without their shape, and
-  this client does not read that form yet (a MoE run's turns then record no routing, and the
-  trainer routes those tokens by itself: `moe/replayed_fraction` says so);
+- routed experts (`return_routed_experts`, a server launched with
+  `--enable-return-routed-experts`, which the launcher passes for a MoE model) come as base64
+  of raw int32 rows `[tokens - 1, layers, top_k]` without their shape: the client is given the
+  model's layout (`tracerl.routing.moe_layout`) and returns them as tracerl's record; without a
+  layout (a dense model) it does not ask;
 - `/metrics` carries `sglang:*` names (the collector reads them beside vLLM's); streaming
   returns only new tokens per chunk when the server runs with `--incremental-streaming-output`,
   which `tracerl.rollout.backends` passes.
@@ -38,9 +39,19 @@ from tracerl.engine.types import GenerateOutput, GenerateRequest, WeightLoadErro
 class SGLangClient(EngineClient):
     serves_lora_adapters = True
 
-    def __init__(self, base_url: str, timeout_s: float = 600.0, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 600.0,
+        api_key: str | None = None,
+        routing: tuple[int, int, int] | None = None,
+    ) -> None:
+        """`routing`: the served model's MoE `(layers, top_k, experts)`
+        (`tracerl.routing.moe_layout`), which SGLang's routed experts need; None: requests
+        never ask for them."""
         super().__init__(base_url, timeout_s, api_key)
         self.served = ServedAdapters()
+        self.sglang_routing = routing
 
     def _to_served(self, request: GenerateRequest) -> tuple[GenerateRequest, int | None]:
         """`request` naming its adapter's newest version, and that version (None: the base,
@@ -67,9 +78,8 @@ class SGLangClient(EngineClient):
         async for chunk in super().generate_stream(sent):
             yield self._labelled(chunk, version)
 
-    @staticmethod
-    def _wire(request: GenerateRequest, stream: bool) -> dict[str, Any]:
-        body = EngineClient._wire(request, stream)
+    def _wire(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
+        body = super()._wire(request, stream)
         params = body["sampling_params"]
         seed = params.pop("seed", None)
         if seed is not None:
@@ -80,9 +90,8 @@ class SGLangClient(EngineClient):
             params.pop("top_k", None)  # SGLang's "all tokens" is its default, not -1
         if params.get("json_schema") is None:
             params.pop("json_schema", None)  # unconstrained; a schema is SGLang's own field
-        # SGLang's routed experts (launched with --enable-return-routed-experts) come as raw
-        # int32 without their shape: not read by this client yet, so not asked for
-        body.pop("return_routed_experts", None)
+        if self.sglang_routing is None:  # a dense model, or routing not recorded
+            body.pop("return_routed_experts", None)
         return body
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:

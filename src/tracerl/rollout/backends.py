@@ -33,6 +33,7 @@ from tracerl.engine.client import EngineClient
 from tracerl.engine.protocol import Engine
 from tracerl.rollout.launcher import EngineLauncher, EngineStartError, ProcessLauncher
 from tracerl.rollout.pool import EnginePool, Member
+from tracerl.routing import moe_layout
 from tracerl.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,8 @@ def client_for(config: EngineConfig, url: str, timeout_s: float) -> Engine:
     if config.backend == "sglang":
         from tracerl.engine.sglang import SGLangClient
 
-        return SGLangClient(url, timeout_s, api_key=key)
+        routing = moe_layout(config.model) if config.record_routed_experts else None
+        return SGLangClient(url, timeout_s, api_key=key, routing=routing)
     return EngineClient(url, timeout_s, api_key=key)
 
 
@@ -158,6 +160,8 @@ def launch_command(
     else:  # sglang
         argv = [python, "-m", "sglang.launch_server", "--model-path", str(model_dir), *host]
         argv += ["--dtype", resolved_dtype(config), "--random-seed", str(config.seed)]
+        if config.record_routed_experts and moe_layout(str(model_dir)) is not None:
+            argv.append("--enable-return-routed-experts")  # a MoE model's routing, per request
         argv += ["--enable-metrics", "--incremental-streaming-output", "--weight-version", "0"]
         argv += ["--max-total-tokens", str(config.kv_cache_tokens)]
         argv += ["--max-running-requests", str(config.max_running_requests)]
