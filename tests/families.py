@@ -8,9 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from tracerl.models import resolve_model
+from tracerl.models import build_random_model
 
 WINDOW = 8
 """The sliding window of the windowed families: shorter than any test prompt."""
@@ -57,22 +55,5 @@ FAMILIES: dict[str, dict[str, Any]] = {
 
 def build_family(name: str, out: Path) -> Path:
     """Family `name` as a model directory at `out` (weights, config, the SmolLM2 tokenizer)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("tiny"))
     settings = {**COMMON, **FAMILIES[name]}
-    model_type = settings.pop("model_type")
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **settings,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return build_random_model(out, settings.pop("model_type"), **settings)

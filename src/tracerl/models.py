@@ -212,6 +212,30 @@ def _build_tiny(out: Path, positions: int, heads: tuple[int, int, int]) -> None:
     tokenizer.save_pretrained(out)
 
 
+def build_random_model(out: Path, model_type: str, seed: int = 0, **settings: Any) -> Path:
+    """A randomly initialised `model_type` (transformers' config, `settings` over its
+    defaults) with the SmolLM2 tokenizer, saved as a model directory at `out`: the other
+    families of the tests, and the mixture of experts of `tracerl bench moe`."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tokenizer = _smollm2_tokenizer()
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **settings,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def read_safetensors(path: Path) -> dict[str, Any]:
     """Every tensor of the `*.safetensors` files in a Hugging Face model directory (name -> tensor);
     FileNotFoundError when there are none."""

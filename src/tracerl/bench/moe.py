@@ -40,14 +40,11 @@ TARGET_RATIO = 10.0
 
 
 def build_model(out: Path) -> Path:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from tracerl.models import build_random_model
 
-    from tracerl.models import resolve_model
-
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("tiny"))
-    config = AutoConfig.for_model(
+    return build_random_model(
+        out,
         "qwen3_moe",
-        vocab_size=len(tokenizer),
         hidden_size=HIDDEN,
         intermediate_size=256,
         moe_intermediate_size=64,
@@ -62,16 +59,7 @@ def build_model(out: Path) -> Path:
         max_position_embeddings=1024,
         tie_word_embeddings=False,
         initializer_range=0.1,  # as the families of the tests: experts that matter
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def prompts(requests: int, seed: int = 0) -> list[list[int]]:

@@ -60,9 +60,7 @@ def export_checkpoint(
     return ckpt.export_hf(out, actor, tokenizer, states=merged)
 
 
-def checkpoint_actor(
-    run_dir: Path, step: int | None = None
-) -> tuple[Any, Any, TrainerConfig]:
+def checkpoint_actor(run_dir: Path, step: int | None = None) -> tuple[Any, Any, TrainerConfig]:
     """The actor of `run_dir`'s checkpoint `step` (None: the newest), verified and loaded in
     eval mode (a LoRA run's with its adapters), its tokenizer and the run's trainer config."""
     from tracerl.train import lora
