@@ -140,7 +140,7 @@ class PackedBatch:
     group_ids: torch.Tensor  # [B] int64
     lengths: list[int]
     weight_versions: list[int]
-    routing: torch.Tensor | None = None  # [N, L, k] int64, -1 unrecorded; None: no sample has it
+    routing: torch.Tensor | None = None  # [N, L, k] int32, -1 unrecorded; None: none has it
 
     @classmethod
     def build(
@@ -219,9 +219,9 @@ def _packed_routing(samples: Sequence[TrainSample], device: torch.device) -> tor
     parts = []
     for s in samples:
         if s.routed_experts is None:
-            parts.append(np.full((len(s.token_ids), *shape), -1, dtype=np.int64))
+            parts.append(np.full((len(s.token_ids), *shape), -1, dtype=np.int32))
         else:
-            part = s.routed_experts.astype(np.int64)
+            part = s.routed_experts.astype(np.int32)
             part[(s.routed_experts == missing(s.routed_experts.dtype)).all(axis=(1, 2))] = -1
             parts.append(part)
     return torch.from_numpy(np.concatenate(parts)).to(device)

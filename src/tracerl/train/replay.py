@@ -74,7 +74,7 @@ def replayed(model: Any, routing: torch.Tensor | None) -> Iterator[None]:
                     f"routed experts: router {layer} routes {tuple(indices.shape)} "
                     f"(tokens, top_k), the record holds {tuple(recorded.shape)}"
                 )
-            chosen = torch.where(known, recorded.to(indices.device), indices)
+            chosen = torch.where(known, recorded.to(indices.device, torch.long), indices)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
             weights = probs.gather(-1, chosen)
             if _renormalises(module):
