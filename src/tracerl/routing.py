@@ -64,6 +64,11 @@ def blank(rows: int, layers: int, top_k: int, dtype: np.dtype[Any] | str) -> np.
     return np.full((rows, layers, top_k), missing(dtype), dtype=np.dtype(dtype))
 
 
+def unrecorded(routing: np.ndarray) -> np.ndarray:
+    """Which rows of `routing` hold no record, `[T]` bool."""
+    return (routing == missing(routing.dtype)).all(axis=(1, 2))
+
+
 def fit(routing: np.ndarray, rows: int) -> np.ndarray:
     """`routing` cut or padded (with unrecorded rows) to exactly `rows` positions."""
     if routing.shape[0] >= rows:
@@ -86,14 +91,9 @@ def merge(earlier: np.ndarray | None, later: np.ndarray | None) -> np.ndarray | 
     rows = max(earlier.shape[0], later.shape[0])
     out = fit(later, rows).copy()
     head = fit(earlier, rows)
-    known = ~(head == missing(head.dtype)).all(axis=(1, 2))
+    known = ~unrecorded(head)
     out[known] = head[known]
     return out
-
-
-def recorded_rows(routing: np.ndarray) -> int:
-    """Positions of `routing` that hold a record."""
-    return int((~(routing == missing(routing.dtype)).all(axis=(1, 2))).sum())
 
 
 def moe_layout(model: str) -> tuple[int, int, int] | None:

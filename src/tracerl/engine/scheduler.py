@@ -46,7 +46,7 @@ from tracerl.engine.prefix_cache import PrefixCache
 from tracerl.engine.protocol import PAUSE_MODES, PauseMode
 from tracerl.engine.sampling import RowSampling, sample
 from tracerl.engine.types import FinishType, GenerateOutput, RequestError
-from tracerl.routing import RoutingCapture, blank, missing
+from tracerl.routing import RoutingCapture, blank, unrecorded
 
 # Prefill tokens folded into one step: enough to admit a burst of chat prompts at once, small
 # enough that running requests do not stall for long behind a wave of new ones.
@@ -193,7 +193,7 @@ class Scheduler:
             layers, top_k, dtype = self.capture.layout
             seq.routing = blank(len(seq.prompt) + seq.max_new, layers, top_k, dtype)
         span = seq.routing[start : start + rows.shape[0]]
-        unset = (span == missing(span.dtype)).all(axis=(1, 2))
+        unset = unrecorded(span)
         span[unset] = rows[unset]
 
     def weights_changed(self) -> None:

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from tracerl.config.train import DEFAULT_BUCKET_SPLIT_COST, TrainerConfig
-from tracerl.routing import missing
+from tracerl.routing import unrecorded
 from tracerl.trace.schema import Trajectory
 
 Batching = Literal["pack", "bucket", "pad"]
@@ -222,7 +222,7 @@ def _packed_routing(samples: Sequence[TrainSample], device: torch.device) -> tor
             parts.append(np.full((len(s.token_ids), *shape), -1, dtype=np.int32))
         else:
             part = s.routed_experts.astype(np.int32)
-            part[(s.routed_experts == missing(s.routed_experts.dtype)).all(axis=(1, 2))] = -1
+            part[unrecorded(s.routed_experts)] = -1
             parts.append(part)
     return torch.from_numpy(np.concatenate(parts)).to(device)
 

@@ -9,7 +9,7 @@ import torch
 
 from tracerl.engine.client import EngineReplyError, output_from_wire
 from tracerl.engine.types import GenerateOutput
-from tracerl.routing import RoutedExperts, blank, fit, merge, missing, recorded_rows, routing_dtype
+from tracerl.routing import RoutedExperts, blank, fit, merge, missing, routing_dtype, unrecorded
 from tracerl.trace.schema import Turn
 from tracerl.trace.trajectories import TraceError, assemble_trajectories
 from tracerl.train import TrainSample
@@ -53,7 +53,8 @@ def test_merge_keeps_the_earlier_record_where_it_has_one() -> None:
     assert merge(None, later) is later and merge(earlier, None) is earlier
     with pytest.raises(ValueError, match="different models"):
         merge(earlier, rows([1], layers=3))
-    assert fit(rows([1, 2]), 4).shape == (4, 2, 2) and recorded_rows(fit(rows([1, 2]), 4)) == 2
+    padded = fit(rows([1, 2]), 4)
+    assert padded.shape == (4, 2, 2) and list(unrecorded(padded)) == [False, False, True, True]
 
 
 def turn(index: int, prompt: list[int], completion: list[int], routing: list[int] | None,
