@@ -201,6 +201,8 @@ class RoutingCapture:
 
             return hook
 
+        # registered for this forward only (not once at start): registered last, they read
+        # the router's final output whatever other hooks changed it before them
         handles = [r.register_forward_hook(hook_for(i)) for i, r in enumerate(self.routers)]
         try:
             yield

@@ -11,7 +11,7 @@ import orjson
 
 from tracerl.engine.protocol import PauseMode
 from tracerl.engine.types import GenerateOutput, GenerateRequest
-from tracerl.routing import RoutedExperts, from_sglang
+from tracerl.routing import RoutedExperts
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -40,12 +40,8 @@ def version_label(label: Any) -> int:
         return 0
 
 
-def output_from_wire(
-    payload: Any, sglang_routing: tuple[int, int, int] | None = None
-) -> GenerateOutput:
-    """Validate one `/generate` reply or stream chunk; `EngineReplyError` if malformed.
-    `sglang_routing`: the model's `(layers, top_k, experts)`, which SGLang's raw form of
-    `meta_info.routed_experts` needs (`tracerl.routing.from_sglang`)."""
+def output_from_wire(payload: Any) -> GenerateOutput:
+    """Validate one `/generate` reply or stream chunk; `EngineReplyError` if malformed."""
     if not isinstance(payload, dict):
         raise EngineReplyError(f"reply is not a JSON object: {str(payload)[:100]}")
     meta = payload.get("meta_info")
@@ -72,17 +68,11 @@ def output_from_wire(
     if spans and min(spans) != version:  # SGLang and vLLM label every token's weights
         oldest = min(spans)
     routing = None
-    recorded = meta.get("routed_experts")
-    try:
-        if isinstance(recorded, str):  # SGLang's: raw int32 rows without their shape
-            if sglang_routing is None:
-                raise ValueError("SGLang's raw form, but this client knows no MoE layout")
-            tokens = int(meta.get("prompt_tokens", 0)) + int(meta.get("completion_tokens", 0))
-            routing = from_sglang(recorded, sglang_routing, tokens)
-        elif recorded is not None:
-            routing = RoutedExperts.model_validate(recorded).array()
-    except ValueError as e:
-        raise EngineReplyError(f"meta_info.routed_experts: {e}") from None
+    if meta.get("routed_experts") is not None:
+        try:
+            routing = RoutedExperts.model_validate(meta["routed_experts"]).array()
+        except ValueError as e:
+            raise EngineReplyError(f"meta_info.routed_experts: {e}") from None
     return GenerateOutput(
         rid=str(meta.get("id", "")),
         output_ids=ids,
@@ -180,8 +170,9 @@ class EngineClient:
                 raise EngineHTTPError(resp.status, payload)
             return payload
 
-    sglang_routing: tuple[int, int, int] | None = None
-    """The model's MoE layout for SGLang's raw routed experts (`output_from_wire`)."""
+    def _output(self, payload: Any) -> GenerateOutput:
+        """One reply or stream chunk as validated output (a backend's own forms: override)."""
+        return output_from_wire(payload)
 
     def _wire(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
         body = request.model_dump()
@@ -189,10 +180,7 @@ class EngineClient:
         return body
 
     async def generate(self, request: GenerateRequest) -> GenerateOutput:
-        return output_from_wire(
-            await self._request("POST", "/generate", self._wire(request, False)),
-            self.sglang_routing,
-        )
+        return self._output(await self._request("POST", "/generate", self._wire(request, False)))
 
     async def generate_stream(
         self, request: GenerateRequest
@@ -203,10 +191,10 @@ class EngineClient:
             if resp.status >= 300:
                 raise EngineHTTPError(resp.status, json_or_text(await resp.read()))
             if resp.content_type != "text/event-stream":  # a whole reply instead of a stream
-                yield output_from_wire(json_or_text(await resp.read()), self.sglang_routing)
+                yield self._output(json_or_text(await resp.read()))
                 return
             async for payload in sse_events(resp):
-                yield output_from_wire(payload, self.sglang_routing)
+                yield self._output(payload)
 
     async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> int:
         body = {"abort_all": True} if abort_all else {"rid": rid}

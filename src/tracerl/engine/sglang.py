@@ -31,9 +31,16 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from tracerl.engine.client import EngineClient, EngineHTTPError, version_label
+from tracerl.engine.client import (
+    EngineClient,
+    EngineHTTPError,
+    EngineReplyError,
+    output_from_wire,
+    version_label,
+)
 from tracerl.engine.served_adapters import ServedAdapters, settle
 from tracerl.engine.types import GenerateOutput, GenerateRequest, WeightLoadError
+from tracerl.routing import from_sglang
 
 
 class SGLangClient(EngineClient):
@@ -77,6 +84,23 @@ class SGLangClient(EngineClient):
         sent, version = self._to_served(request)
         async for chunk in super().generate_stream(sent):
             yield self._labelled(chunk, version)
+
+    def _output(self, payload: Any) -> GenerateOutput:
+        """`output_from_wire`, with SGLang's routed experts (raw int32 rows without their
+        shape) read with the model's layout."""
+        meta = payload.get("meta_info") if isinstance(payload, dict) else None
+        if not isinstance(meta, dict) or not isinstance(meta.get("routed_experts"), str):
+            return output_from_wire(payload)
+        raw = meta["routed_experts"]
+        out = output_from_wire({**payload, "meta_info": {**meta, "routed_experts": None}})
+        try:
+            if self.sglang_routing is None:
+                raise ValueError("SGLang's raw form, but this client knows no MoE layout")
+            tokens = out.prompt_tokens + out.completion_tokens
+            out.routed_experts = from_sglang(raw, self.sglang_routing, tokens)
+        except ValueError as e:
+            raise EngineReplyError(f"meta_info.routed_experts: {e}") from None
+        return out
 
     def _wire(self, request: GenerateRequest, stream: bool) -> dict[str, Any]:
         body = super()._wire(request, stream)
