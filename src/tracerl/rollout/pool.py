@@ -20,7 +20,8 @@ or talks nonsense costs time, never a sample.
   itself (and LoRA adapters with `load_adapter`), for syncs and for a restarted engine alike.
 
 One module of ~550 lines (its `engine.generate` spans are in `spans.py`, its members and how
-one takes a weight push in `members.py`): routing, health checks, fail-over with resume,
+one takes a weight push in `members.py`, a request's progress across attempts in
+`progress.py`): routing, health checks, fail-over with resume,
 restarts and weight sync all read and change the same members' state on one event loop.
 """
 
@@ -33,11 +34,9 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import numpy as np
 
 from tracerl.config import PoolConfig
 from tracerl.engine.client import EngineClient, EngineHTTPError, EngineReplyError
@@ -57,8 +56,8 @@ from tracerl.rollout.members import (
     serves_adapters,
     takes_in_process,
 )
+from tracerl.rollout.progress import Progress
 from tracerl.rollout.spans import traced_generation
-from tracerl.routing import fit, merge
 from tracerl.telemetry import INERT_SPAN, Span, Telemetry
 
 if TYPE_CHECKING:
@@ -74,18 +73,6 @@ session is routed afresh (an engine's prefix cache holds far fewer sessions than
 def affinity_key(rid: str) -> str:
     """Gateway request ids are `SESSION-REQUEST`; the session part is the affinity key."""
     return rid.split("-", 1)[0]
-
-
-@dataclass
-class _Progress:
-    ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    oldest: int | None = None
-    """Weight version of its oldest token (None: no token yet)."""
-    newest: int = 0
-    """Weight version of its newest token."""
-    routing: np.ndarray | None = None
-    """Routed experts of its positions so far (`tracerl.routing`), from every attempt."""
 
 
 ClientFactory = Callable[[str], Engine]
@@ -262,7 +249,7 @@ class EnginePool:
         if self.adapter is not None and request.lora_path is None:  # the run's own adapter
             request = request.model_copy(update={"lora_path": self.adapter})
         key = affinity_key(request.rid)
-        progress = _Progress()
+        progress = Progress()
         failed_on: set[str] = set()
         reasons: list[str] = []
         budget = request.sampling_params.max_new_tokens
@@ -271,7 +258,7 @@ class EnginePool:
             await self._admission.wait()
             remaining = None if budget is None else budget - len(progress.ids)
             if remaining is not None and remaining <= 0:
-                yield self._final(request, progress, "length")
+                yield progress.final(request, "length")
                 return
             if attempts >= self.config.max_attempts:
                 self.counters["exhausted"] += 1
@@ -281,7 +268,10 @@ class EnginePool:
             attempts += 1
             member = await self._pick(key, failed_on)
             span.update({"tracerl.engine.id": member.name, "tracerl.pool.attempts": attempts})
-            attempt = self._resumed(request, progress, attempts, remaining)
+            attempt = progress.attempt(request, attempts, remaining)
+            if progress.ids and request.sampling_params.json_schema is not None:
+                self.counters["resumed_unconstrained"] += 1
+                log.warning("request %s resumed without its JSON schema", request.rid)
             if attempts > 1:
                 self.counters["resumes" if progress.ids else "retries"] += 1
                 span.set("tracerl.pool.failed_on", ", ".join(sorted(failed_on)))
@@ -298,19 +288,7 @@ class EnginePool:
                             raise EngineReplyError("stream ended without a finish reason")
                         if len(chunk.output_ids) != len(chunk.output_logprobs):
                             raise EngineReplyError("ids and logprobs of different lengths")
-                        progress.ids += chunk.output_ids
-                        progress.logprobs += chunk.output_logprobs
-                        # an aborted attempt's routing covers the positions it computed; the
-                        # resumed one's the rest: the caller gets them as one, at the end
-                        progress.routing = merge(progress.routing, chunk.routed_experts)
-                        chunk.routed_experts = None
-                        if chunk.output_ids:
-                            progress.newest = chunk.weight_version
-                            oldest = chunk.weight_version
-                            if chunk.weight_version_min is not None:  # the engine's own word
-                                oldest = min(oldest, chunk.weight_version_min)
-                            if progress.oldest is None or oldest < progress.oldest:
-                                progress.oldest = oldest
+                        progress.add(chunk)
                         finish = chunk.finish_reason
                         if finish == "abort":  # resumed below; the abort is not the caller's
                             if not chunk.output_ids:
@@ -321,10 +299,8 @@ class EnginePool:
                         chunk.adapter = attempt.lora_path
                         chunk.prompt_tokens = len(request.input_ids)
                         chunk.completion_tokens = len(progress.ids)
-                        if chunk.finish_reason is not None and progress.routing is not None:
-                            chunk.routed_experts = fit(
-                                progress.routing, len(request.input_ids) + len(progress.ids)
-                            )
+                        if chunk.finish_reason is not None:
+                            chunk.routed_experts = progress.routing_for(request)
                         if progress.oldest is not None and progress.oldest != chunk.weight_version:
                             chunk.weight_version_min = progress.oldest
                         yield chunk
@@ -352,43 +328,6 @@ class EnginePool:
                 attempts -= 1  # an abort (weight sync) is not a failed attempt
                 continue
             return
-
-    def _resumed(
-        self, request: GenerateRequest, progress: _Progress, attempt: int, remaining: int | None
-    ) -> GenerateRequest:
-        if attempt == 1 and not progress.ids:
-            return request
-        update: dict[str, Any] = {"max_new_tokens": remaining}
-        if progress.ids and request.sampling_params.json_schema is not None:
-            # no engine API starts a grammar part-way through its value: the rest is sampled
-            # unconstrained (the model sees the partial value it continues)
-            update["json_schema"] = None
-            self.counters["resumed_unconstrained"] += 1
-            log.warning("request %s resumed without its JSON schema", request.rid)
-        params = request.sampling_params.model_copy(update=update)
-        return request.model_copy(
-            update={
-                "rid": f"{request.rid}-a{attempt}",
-                "input_ids": request.input_ids + progress.ids,
-                "sampling_params": params,
-            }
-        )
-
-    @staticmethod
-    def _final(request: GenerateRequest, progress: _Progress, finish: str) -> GenerateOutput:
-        return GenerateOutput(
-            rid=request.rid,
-            output_ids=[],
-            output_logprobs=[],
-            prompt_tokens=len(request.input_ids),
-            completion_tokens=len(progress.ids),
-            weight_version=progress.newest,
-            finish_reason=finish,  # type: ignore[arg-type]
-            adapter=request.lora_path,
-            routed_experts=None
-            if progress.routing is None
-            else fit(progress.routing, len(request.input_ids) + len(progress.ids)),
-        )
 
     # ------------------------------------------------------------------ health
 
