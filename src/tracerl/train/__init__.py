@@ -13,9 +13,9 @@ What the RL loop uses (see `tracerl.train.trainer` for the walk-through):
 """
 
 from tracerl.train.batch import SampleError, TrainSample
-from tracerl.train.checkpoint import CheckpointError
+from tracerl.train.checkpoint import CheckpointError, latest_checkpoint
 from tracerl.train.phases import PhaseError
-from tracerl.train.trainer import Trainer, latest_checkpoint
+from tracerl.train.trainer import Trainer
 
 __all__ = [
     "CheckpointError",

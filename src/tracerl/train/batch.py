@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -245,6 +245,14 @@ class MicroBatch:
     def num_tokens(self) -> int:
         """Tokens the model processes, padding included."""
         return self.input_ids.numel()
+
+
+def resolve_batching(batching: str, actor: Any) -> Batching:
+    """`auto`: packed rows with a flash-attention implementation, else grouped by length."""
+    if batching != "auto":
+        return batching  # type: ignore[return-value]
+    attention = str(getattr(actor.config, "_attn_implementation", ""))
+    return "pack" if "flash" in attention else "bucket"
 
 
 def plan_packs(lengths: Sequence[int], token_budget: int) -> list[list[int]]:

@@ -53,12 +53,12 @@ from tracerl.models import sliding_window
 from tracerl.train import checkpoint as ckpt
 from tracerl.train import lora, probe
 from tracerl.train.batch import (
-    Batching,
     MicroBatch,
     PackedBatch,
     SampleError,
     TrainSample,
     micro_batches_for,
+    resolve_batching,
 )
 from tracerl.train.forward import all_logprobs, all_values
 from tracerl.train.models import load_actor, load_reference, value_model_from_actor
@@ -83,14 +83,6 @@ def default_device() -> torch.device:
     if not torch.cuda.is_available():
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())
-
-
-def resolve_batching(batching: str, actor: Any) -> Batching:
-    """`auto`: packed rows with a flash-attention implementation, else grouped by length."""
-    if batching != "auto":
-        return batching  # type: ignore[return-value]
-    attention = str(getattr(actor.config, "_attn_implementation", ""))
-    return "pack" if "flash" in attention else "bucket"
 
 
 class Trainer:
@@ -598,8 +590,3 @@ class Trainer:
                 )
             )
         )
-
-
-def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The newest complete checkpoint under `directory`, or None."""
-    return ckpt.latest_checkpoint(directory)

@@ -13,8 +13,8 @@ from tracerl.train.batch import (
     plan_buckets,
     plan_packs,
     plan_padded,
+    resolve_batching,
 )
-from tracerl.train.trainer import resolve_batching
 
 from .conftest import make_samples
 

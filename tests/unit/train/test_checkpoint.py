@@ -10,9 +10,9 @@ from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM
 
 from tracerl.engine.weights import copy_weights, read_weights_dir
-from tracerl.train.checkpoint import CheckpointError, _digest, list_checkpoints
+from tracerl.train.checkpoint import CheckpointError, _digest, latest_checkpoint, list_checkpoints
 from tracerl.train.models import load_value_model
-from tracerl.train.trainer import Trainer, latest_checkpoint
+from tracerl.train.trainer import Trainer
 
 from .conftest import make_samples
 
