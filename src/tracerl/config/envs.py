@@ -2,14 +2,15 @@
 come from).
 
 `EnvConfig` is a discriminated union on `name`: "arithmetic", "concise", "calculator",
-"guess", "command", "claude-code", "codex".
+"guess", "reasoning-gym", "textarena", "verifiers", "openenv", "command", "claude-code",
+"codex".
 `DatasetConfig` reads tasks from a local file or directory, or generates them with a built-in task.
 Like every config module this one never imports torch, nor the environments themselves.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
@@ -65,6 +66,96 @@ class GuessEnvConfig(ChatEnvConfig):
     max_turns: int = Field(default=8, ge=1, le=64)
     """Model turns per episode; the number not found in this many scores 0 (a binary search
     needs at most 6 guesses for the largest range, 32)."""
+
+
+class ReasoningGymEnvConfig(ChatEnvConfig):
+    """A reasoning-gym task generator as the dataset, its verifier as the reward
+    (`tracerl.envs.adapters.reasoning_gym`; the `reasoning-gym` extra)."""
+
+    name: Literal["reasoning-gym"] = "reasoning-gym"
+    dataset: str
+    """A reasoning-gym dataset name (`leg_counting`, `basic_arithmetic`, `countdown`, ...)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Its generator's settings (`min_animals = 2`, ...), as reasoning-gym names them."""
+    prompt_style: str = "default"
+    """Which of reasoning-gym's system prompts to send (`default`, `simple`, `direct`, ...);
+    `system_prompt` replaces it with text of your own, and `""` sends none."""
+    answer_tag: str | None = "answer"
+    """The reply's answer is inside `<answer_tag>...</answer_tag>` (reasoning-gym's own
+    extraction: no tag, no answer, reward 0); unset scores the whole reply."""
+    eval_tasks: int = Field(default=200, ge=1)
+    """How many tasks the `eval` split generates when `eval_dataset.num_tasks` is unset (the
+    `train` split: 1000)."""
+
+
+class TextArenaEnvConfig(ChatEnvConfig):
+    """A single-player TextArena game as a multi-turn episode
+    (`tracerl.envs.adapters.textarena`; the `textarena` extra)."""
+
+    name: Literal["textarena"] = "textarena"
+    game: str
+    """A registered single-player game id (`GuessTheNumber-v0`, `Wordle-v0`, ...)."""
+    max_turns: int = Field(default=32, ge=1, le=1024)
+    """Model turns per episode; a game not over by then ends there, scored as TextArena
+    scores it."""
+
+
+class VerifiersEnvConfig(Config):
+    """An installed verifiers environment, its rollout logic and rubric
+    (`tracerl.envs.adapters.verifiers`; the `verifiers` extra)."""
+
+    name: Literal["verifiers"] = "verifiers"
+    id: str
+    """The environment's id: the installed module verifiers loads (`vf-math` -> `vf_math`)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of its `load_environment`."""
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sent as the rollout's sampling arguments (the session may override them)."""
+    request_timeout_s: float = Field(default=300.0, gt=0)
+    """Timeout of one model call through the SDK (which never retries: the pool does)."""
+
+
+class OpenEnvEnvConfig(ChatEnvConfig):
+    """An OpenEnv environment server, stepped with the model's replies
+    (`tracerl.envs.adapters.openenv`; the `openenv` extra). Exactly one of `url` and `app`."""
+
+    name: Literal["openenv"] = "openenv"
+    url: str | None = None
+    """A running server (`http://127.0.0.1:8000`)."""
+    app: str | None = None
+    """`module:app`, an OpenEnv server app the run starts itself (uvicorn on 127.0.0.1, a free
+    port) before the first episode and stops at its end."""
+    python: str | None = None
+    """The interpreter that serves `app` (its environment's venv); unset: this one."""
+    cwd: str | None = None
+    """The server's working directory (where `module` is found); unset: the current one."""
+    server_env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for the server."""
+    start_timeout_s: float = Field(default=120.0, gt=0)
+    """How long the started server may take to answer `/health`."""
+    max_sessions: int | None = Field(default=None, ge=1)
+    """Episodes connected at once, at most: the server's `max_concurrent_envs` (OpenEnv
+    refuses a session past it rather than queueing it); unset: no limit here."""
+    action_field: str = "message"
+    """The action's field the model's reply goes into (its text)."""
+    observation_field: str | None = None
+    """The observation's field sent to the model as the next user message; unset: its only
+    text field, or the whole observation as JSON when it has none or several."""
+    reset_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of every reset (a task's `seed` and its own `reset_args` join them)."""
+    max_turns: int = Field(default=16, ge=1, le=1024)
+    """Model turns per episode; an episode not done by then ends there."""
+    reward: Literal["sum", "last"] = "sum"
+    """The episode's reward: the sum of every reward the environment gave (its return), or
+    the last one. No reward at all is 0."""
+    message_timeout_s: float = Field(default=300.0, gt=0)
+    """How long one reset or step may take on the server."""
+
+    @model_validator(mode="after")
+    def _one_server(self) -> Self:
+        if (self.url is None) == (self.app is None):
+            raise ValueError("set exactly one of url (a running server) and app (one to start)")
+        return self
 
 
 class CommandEnvConfig(Config):
@@ -139,6 +230,10 @@ EnvConfig = Annotated[
     | ConciseEnvConfig
     | CalculatorEnvConfig
     | GuessEnvConfig
+    | ReasoningGymEnvConfig
+    | TextArenaEnvConfig
+    | VerifiersEnvConfig
+    | OpenEnvEnvConfig
     | CommandEnvConfig
     | ClaudeCodeEnvConfig
     | CodexEnvConfig,
@@ -165,11 +260,15 @@ class DatasetConfig(Config):
     format: Literal["auto", "jsonl", "parquet", "datasets"] = "auto"
     """How to read `path`; "auto" goes by the suffix (.jsonl, .parquet) or a directory."""
     split: str | None = None
-    """The split to use when `path` holds a `datasets.DatasetDict`."""
-    generate: Literal["arithmetic", "concise", "calculator", "guess"] | None = None
-    """Generate tasks with this built-in task instead of reading a file."""
-    num_tasks: int = Field(default=1000, ge=1)
-    """How many tasks `generate` makes."""
+    """The split to use when `path` holds a `datasets.DatasetDict`; with `generate = "env"`,
+    the environment's split ("train" for `[dataset]` and "eval" for `[eval_dataset]` when
+    unset)."""
+    generate: Literal["arithmetic", "concise", "calculator", "guess", "env"] | None = None
+    """Generate tasks with this built-in task instead of reading a file; "env" takes them from
+    the environment itself (reasoning-gym's generators, a verifiers environment's dataset)."""
+    num_tasks: int | None = Field(default=None, ge=1)
+    """How many tasks `generate` makes (a built-in task: 1000 when unset; "env": the
+    environment's own count, all of a verifiers dataset's rows)."""
     seed: int = Field(default=0, ge=0)
     """Seed of generation and of the per-epoch shuffle."""
     shuffle: bool = True

@@ -89,6 +89,13 @@ class Environment(Protocol):
     An environment with a scripted policy (calculator, guess) also sets `demonstrable = True`
     and, when `session.demonstration` is set, sends that policy's replies as demonstrations
     (`tracerl.gateway.demonstrations`): what a cold start (`[cold_start]`) records.
+
+    An environment that brings its own tasks (reasoning-gym's generators, a verifiers
+    environment's dataset) also has `tasks(split, num_tasks, seed) -> list[Task]`: the tasks of
+    `split` ("train", "eval", or a split of its own; `num_tasks` None: its own count), the same
+    for the same arguments. `dataset.generate = "env"` reads them. One that holds something
+    for the run's length (a server it started) has `close()` (sync or async), which the loop
+    calls at the end.
     """
 
     @property

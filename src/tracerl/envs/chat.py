@@ -134,12 +134,20 @@ class SingleTurnEnvironment:
         """The user message for `task`."""
         return str(task["prompt"])
 
+    def script(self, task: Task) -> str:
+        """The scripted policy's reply (an environment with `demonstrable = True` has one)."""
+        raise ValueError(f"the {self.name} environment has no scripted policy to demonstrate")
+
     async def run(self, task: Task, session: Session) -> EnvResult:
         sampling = sampling_params(self.config.sampling.model_dump(), session)
+        extra = None
+        if session.demonstration:
+            extra = {"demonstration": {"role": "assistant", "content": self.script(task)}}
         async with openai_client(session, self.config.request_timeout_s) as client:
             reply = await client.chat.completions.create(
                 model=session.model,
                 messages=first_messages(self.config, self.prompt(task)),
+                extra_body=extra,
                 **sampling,
             )
         choice = reply.choices[0]

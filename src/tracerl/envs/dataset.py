@@ -179,15 +179,35 @@ class TaskDataset:
 
 
 MAX_ROW_BYTES = 16 * 2**20  # DatasetConfig.max_row_bytes' default
+GENERATED_TASKS = 1000  # DatasetConfig.num_tasks for a built-in generator when unset
 
 
-def load_dataset(config: DatasetConfig, required_fields: Sequence[str] = ()) -> TaskDataset:
-    """The dataset `config` describes, every row checked for `required_fields`."""
-    if config.generate is not None:
+def load_dataset(
+    config: DatasetConfig,
+    required_fields: Sequence[str] = (),
+    env: object | None = None,
+    default_split: str = "train",
+) -> TaskDataset:
+    """The dataset `config` describes, every row checked for `required_fields`; `env` is the
+    run's environment, asked for its tasks under `generate = "env"` (`split`, else
+    `default_split`)."""
+    if config.generate == "env":
+        split = config.split or default_split
+        name, own_tasks = getattr(env, "name", "this"), getattr(env, "tasks", None)
+        if not callable(own_tasks):  # an environment's `tasks`: see `tracerl.envs.base`
+            raise DatasetError(
+                f'dataset.generate = "env": the {name} environment has no tasks of its own; '
+                "set dataset.path, or generate one of the built-in tasks"
+            )
+        source = f"{name} tasks ({split})"
+        tasks = own_tasks(split, config.num_tasks, config.seed)
+        for n, task in enumerate(tasks, 1):
+            _check_row(task, required_fields, f"{source}:row {n}")
+    elif config.generate is not None:
         from tracerl.envs.registry import generate_tasks
 
         source = f"generated {config.generate} tasks"
-        tasks = generate_tasks(config.generate, config.num_tasks, config.seed)
+        tasks = generate_tasks(config.generate, config.num_tasks or GENERATED_TASKS, config.seed)
         for n, task in enumerate(tasks, 1):
             _check_row(task, required_fields, f"{source}:row {n}")
     else:

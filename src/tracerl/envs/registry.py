@@ -19,6 +19,10 @@ from tracerl.config.envs import (
     ConciseEnvConfig,
     EnvConfig,
     GuessEnvConfig,
+    OpenEnvEnvConfig,
+    ReasoningGymEnvConfig,
+    TextArenaEnvConfig,
+    VerifiersEnvConfig,
     parse_env_config,
 )
 from tracerl.envs import arithmetic, calculator, concise, guess
@@ -30,7 +34,10 @@ from tracerl.envs.command import CommandEnvironment
 from tracerl.envs.concise import ConciseEnvironment
 from tracerl.envs.guess import GuessEnvironment
 
-ENVIRONMENTS = ("arithmetic", "concise", "calculator", "guess", "command", "claude-code", "codex")
+ENVIRONMENTS = (
+    "arithmetic", "concise", "calculator", "guess", "reasoning-gym", "textarena", "verifiers",
+    "openenv", "command", "claude-code", "codex",
+)  # fmt: skip
 TASK_GENERATORS: dict[str, Callable[[int, int], list[Task]]] = {
     "arithmetic": arithmetic.generate_tasks,
     "concise": concise.generate_tasks,
@@ -51,6 +58,22 @@ def make_environment(config: EnvConfig | Mapping[str, Any]) -> Environment:
         return CalculatorEnvironment(config)
     if isinstance(config, GuessEnvConfig):
         return GuessEnvironment(config)
+    if isinstance(config, ReasoningGymEnvConfig):
+        from tracerl.envs.adapters.reasoning_gym import ReasoningGymEnvironment
+
+        return ReasoningGymEnvironment(config)
+    if isinstance(config, TextArenaEnvConfig):
+        from tracerl.envs.adapters.textarena import TextArenaEnvironment
+
+        return TextArenaEnvironment(config)
+    if isinstance(config, VerifiersEnvConfig):
+        from tracerl.envs.adapters.verifiers import VerifiersEnvironment
+
+        return VerifiersEnvironment(config)
+    if isinstance(config, OpenEnvEnvConfig):
+        from tracerl.envs.adapters.openenv import OpenEnvEnvironment
+
+        return OpenEnvEnvironment(config)
     if isinstance(config, CommandEnvConfig):
         return CommandEnvironment(config)
     if isinstance(config, ClaudeCodeEnvConfig):

@@ -218,11 +218,15 @@ class RLLoop:
     def _start_episodes(self, loop_state: dict[str, Any]) -> None:
         c = self.config
         self.env = make_environment(c.env)
-        self.dataset = load_dataset(c.dataset, self.env.task_fields)
+        if callable(close := getattr(self.env, "close", None)):  # a server it started, say
+            self.closers.append(close)
+        self.dataset = load_dataset(c.dataset, self.env.task_fields, self.env)
         if "dataset" in loop_state:
             self.dataset.load_state_dict(loop_state["dataset"])
         self.eval_dataset = (
-            load_dataset(c.eval_dataset, self.env.task_fields) if c.eval_dataset else None
+            load_dataset(c.eval_dataset, self.env.task_fields, self.env, "eval")
+            if c.eval_dataset
+            else None
         )
         self.runner = EpisodeRunner(
             self.env,

@@ -22,10 +22,24 @@ def test_builtin_environments_by_name(name: str) -> None:
     assert env.reward_fn is not None  # built-ins can also score a trace
 
 
+# what each environment cannot do without (the adapters' packages are optional: the configs
+# parse without them; making them is tested in tests/integration/test_env_*.py)
+REQUIRED = {
+    "command": {"argv": ["true"]},
+    "reasoning-gym": {"dataset": "leg_counting"},
+    "textarena": {"game": "GuessTheNumber-v0"},
+    "verifiers": {"id": "vf-math"},
+}
+ADAPTERS = ("reasoning-gym", "textarena", "verifiers")
+
+
 def test_all_names_are_buildable() -> None:
     for name in ENVIRONMENTS:
-        body = {"name": name, "argv": ["true"]} if name == "command" else {"name": name}
-        assert make_environment(body).name == name
+        body = {"name": name, **REQUIRED.get(name, {})}
+        if name in ADAPTERS:
+            assert parse_env_config(body).name == name
+        else:
+            assert make_environment(body).name == name
 
 
 def test_typed_configs_work_too() -> None:
