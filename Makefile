@@ -8,7 +8,7 @@ VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
 .PHONY: setup demo chat test lint format bench clean vllm-cpu test-vllm test-slow test-ray test-postgres \
-	test-compat test-browser test-gpu
+	test-compat test-envs test-browser test-gpu
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -99,6 +99,18 @@ $(COMPAT_STAMP): Makefile
 test-compat: $(STAMP) $(COMPAT_STAMP)
 	$(BIN)/python -m pytest -q -m compat tests/integration/test_agents_compat.py \
 		tests/integration/test_clients_compat.py
+
+# Environments of other frameworks through their adapters: verifiers and OpenEnv (their extras,
+# in tracerl's own venv; reasoning-gym and TextArena are in the default suite's dev extra).
+ENVS_STAMP := $(VENV)/.envs-installed
+
+$(ENVS_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[verifiers,openenv]'
+	touch $(ENVS_STAMP)
+
+test-envs: $(STAMP) $(ENVS_STAMP)
+	$(BIN)/python -m pytest -q -m envs tests/integration/test_env_verifiers.py \
+		tests/integration/test_env_openenv.py tests/integration/test_env_train.py
 
 # The trace viewer (`tracerl view`) in a real browser: Debian's chromium (installed here if
 # missing) driven by Playwright's Python package (the [browser] extra), pointed at that browser;

@@ -121,3 +121,16 @@ def test_the_prompt_and_the_scripted_reply_follow_the_settings() -> None:
     bare = make_environment({**CONFIG, "system_prompt": "", "answer_tag": None})
     assert bare.config.system_prompt is None
     assert bare.score(task, f" {task['answer']}\n") == 1.0  # the whole reply is the answer
+
+
+def test_a_generator_without_stored_answers_loads_and_scores() -> None:
+    """propositional_logic stores no answer (its verifier reads the metadata): its tasks load
+    and score, and the scripted policy refuses to demonstrate one."""
+    env = make_environment({"name": "reasoning-gym", "dataset": "propositional_logic"})
+    section = DatasetConfig(generate="env", num_tasks=3)
+    task = load_dataset(section, env.task_fields, env).next().task
+    assert task["answer"] is None
+    own = reasoning_gym.create_dataset("propositional_logic", size=1, seed=0)
+    assert env.score(task, "<answer>P</answer>") == own.score_answer("P", task)
+    with pytest.raises(ValueError, match="stores no answer to demonstrate"):
+        env.script(task)

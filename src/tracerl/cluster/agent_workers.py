@@ -15,6 +15,7 @@ one's turns stay in the store, untrained), so a lost worker costs time, not a ro
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -40,6 +41,12 @@ class AgentWorker:
         from tracerl.envs import run_episode
 
         return await run_episode(self.env, task, session, timeout_s)
+
+    async def close(self) -> None:
+        """What the environment holds for the run (a server it started), released."""
+        close = getattr(self.env, "close", None)
+        if callable(close) and inspect.isawaitable(outcome := close()):
+            await outcome
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -134,5 +141,9 @@ class AgentWorkers:
         for task in self._placing:
             task.cancel()
         for worker in self.workers:
+            try:  # the environment's own close first: a killed actor leaves its servers behind
+                ray.get(worker.actor.close.remote(), timeout=30)
+            except Exception as e:
+                log.warning("agent worker %d: closing its environment failed: %s", worker.index, e)
             ray.kill(worker.actor, no_restart=True)
         self.workers = []

@@ -34,7 +34,7 @@ TRAIN_TASKS = 1000  # the train split's size when dataset.num_tasks is unset
 class ReasoningGymEnvironment(SingleTurnEnvironment):
     name = "reasoning-gym"
     demonstrable = True  # `script` answers in demonstration sessions
-    task_fields: tuple[str, ...] = ("question", "answer")
+    task_fields: tuple[str, ...] = ("question",)  # some generators store no answer
 
     def __init__(self, config: ReasoningGymEnvConfig) -> None:
         try:
@@ -78,6 +78,8 @@ class ReasoningGymEnvironment(SingleTurnEnvironment):
     def script(self, task: Task) -> str:
         """The scripted policy: the generator's own answer in the asked-for form, what a cold
         start demonstrates (`[cold_start]`) to a model that does not use the tag yet."""
+        if task.get("answer") is None:  # propositional_logic and a few others store none
+            raise ValueError("this reasoning-gym task stores no answer to demonstrate")
         tag = self.rg_config.answer_tag
         return str(task["answer"]) if tag is None else f"<{tag}>{task['answer']}</{tag}>"
 
@@ -92,7 +94,7 @@ class ReasoningGymEnvironment(SingleTurnEnvironment):
 
     def score(self, task: Task, text: str) -> float:
         """The generator's own verdict on the reply (reasoning-gym's `score_answer`, 0 to 1)."""
-        entry = {"question": task["question"], "answer": task["answer"]}
+        entry = {"question": task["question"], "answer": task.get("answer")}
         entry["metadata"] = task.get("metadata") or {}
         return float(self.scorer.score_answer(self.answer_of(text), entry))
 
