@@ -69,6 +69,15 @@ def grpo_config(args: argparse.Namespace) -> GRPOConfig:
     from trl import GRPOConfig
 
     completions = args.prompts_per_step * args.group_size
+    schedule: dict[str, Any] = {"lr_scheduler_type": "constant", "max_steps": MAX_STEPS}
+    if args.schedule == "cosine":  # tracerl's `cosine` shape: to min_lr_ratio x lr, no warmup
+        if not args.total_steps:
+            raise SystemExit("--schedule cosine needs --total-steps (the steps it decays over)")
+        schedule = {
+            "lr_scheduler_type": "cosine_with_min_lr",
+            "lr_scheduler_kwargs": {"min_lr_rate": args.min_lr_ratio},
+            "max_steps": args.total_steps,  # HF's schedulers span max_steps; the run ends there
+        }
     return GRPOConfig(
         output_dir=str(args.out),
         # One generation batch of `completions` feeds exactly one optimizer step: TRL counts
@@ -82,9 +91,8 @@ def grpo_config(args: argparse.Namespace) -> GRPOConfig:
         loss_type="dapo",
         beta=0.0,
         learning_rate=args.lr,
-        lr_scheduler_type="constant",
         warmup_steps=0,
-        max_steps=MAX_STEPS,
+        **schedule,
         seed=args.seed,
         use_cpu=True,
         # TRL's own defaults, its fastest configuration here (measured, docs/benchmarks.md): bf16
@@ -248,6 +256,13 @@ def add_arguments(parser: argparse.ArgumentParser, group_size: int, max_new_toke
         help="TRL's max_completion_length (an agentic episode's, tool answers included)",
     )  # fmt: skip
     parser.add_argument("--eval-every-min", type=float, default=5.0, help="budget minutes")
+    parser.add_argument(
+        "--schedule", choices=("constant", "cosine"), default="constant",
+        help="the lr schedule; cosine decays to --min-lr-ratio x --lr over --total-steps, "
+        "where training stops (tracerl's trainer.actor.schedule = 'cosine')",
+    )  # fmt: skip
+    parser.add_argument("--total-steps", type=int, default=None)
+    parser.add_argument("--min-lr-ratio", type=float, default=0.1)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
