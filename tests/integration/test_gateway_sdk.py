@@ -142,6 +142,34 @@ async def test_multi_turn_chat_is_one_trajectory(make_engine, make_gateway) -> N
     await client.close()
 
 
+async def test_replies_alike_as_text_but_sampled_apart_stay_one_trajectory(
+    fake_engine, make_gateway
+) -> None:
+    """Two replies of one session whose returned text is the same but whose samples differ
+    (the first with trailing newlines the API strips, as a small model cut at its budget
+    writes): each echo is rendered as its own turn sampled it, in order, so the third turn
+    still continues the second (an OpenEnv run of SmolLM2 forked here)."""
+    fake, engine = fake_engine
+    gw = await make_gateway(engine)
+    fake.say("Same reply.\n\n", "Same reply.", "Done.")
+    session = await gw.open_session()
+    client = oai(session)
+    messages: list = [{"role": "user", "content": "go"}]
+    for k in range(3):
+        reply = await client.chat.completions.create(model="tiny", messages=messages)
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": f"again {k}"},
+        ]
+    assert messages[1]["content"] == messages[3]["content"] == "Same reply."
+    trace = await gw.trace(session["session_id"])
+    assert [t["parent"] for t in trace["turns"]] == [None, 0, 1]
+    (trajectory,) = trace["trajectories"]
+    last = trace["turns"][-1]
+    assert trajectory["token_ids"] == last["prompt_ids"] + last["completion_ids"]
+    await client.close()
+
+
 async def test_anthropic_plain_and_streaming(make_engine, make_gateway) -> None:
     engine = make_engine()
     gw = await make_gateway(engine)

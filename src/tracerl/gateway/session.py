@@ -87,14 +87,16 @@ class SessionState:
     recorded: deque[RecordedTurn] = field(
         default_factory=lambda: deque(maxlen=MAX_PARENT_CANDIDATES)
     )
-    raw_assistant: dict[str, str] = field(default_factory=dict)
+    raw_assistant: dict[str, list[str]] = field(default_factory=dict)
+    """Each reply as returned -> how the model sampled it, in the order recorded: replies
+    alike as returned can differ as sampled (trailing whitespace the API strips)."""
 
     def remember(self, turn: RecordedTurn, returned: dict[str, Any], raw_text: str) -> None:
         """`turn` recorded, whose reply the API `returned` and the model sampled as `raw_text`
         (what an echo of it is rendered as)."""
         turn.key = canonical_assistant(returned)
         self.recorded.append(turn)
-        self.raw_assistant[turn.key] = raw_text
+        self.raw_assistant.setdefault(turn.key, []).append(raw_text)
 
 
 @dataclass
@@ -158,7 +160,7 @@ def rendered_messages(
         return messages
     messages = with_system_prompt(messages, state.system_prompt)
     if renderer.format.echo_raw:
-        messages = [_as_sampled(m, state.raw_assistant) for m in messages]
+        messages = _as_sampled(messages, state.raw_assistant)
     return messages
 
 
@@ -239,13 +241,20 @@ def _after_reply(
     return (end.group(0), rendered[end.end() :]) if end is not None else None
 
 
-def _as_sampled(message: dict[str, Any], raw: dict[str, str]) -> dict[str, Any]:
-    if message["role"] != "assistant":
-        return message
-    sampled = raw.get(canonical_assistant(message))
-    if sampled is None:
-        return message
-    return {"role": "assistant", "content": sampled}
+def _as_sampled(messages: list[dict[str, Any]], raw: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Echoed replies as sampled: the n-th echo of a reply's text is the n-th sample recorded
+    with that text (the last one past them), so alike replies keep their own samples."""
+    seen: dict[str, int] = {}
+    out = []
+    for message in messages:
+        if message["role"] == "assistant":
+            key = canonical_assistant(message)
+            samples = raw.get(key)
+            if samples:
+                n = seen[key] = seen.get(key, -1) + 1
+                message = {"role": "assistant", "content": samples[min(n, len(samples) - 1)]}
+        out.append(message)
+    return out
 
 
 def fit_budget(
