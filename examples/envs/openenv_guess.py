@@ -1,7 +1,7 @@
 """An OpenEnv environment server (openenv-core 0.3.0) for examples/envs/openenv.toml, which
 starts it (`uvicorn openenv_guess:app` in this folder): find a number from 1 to 16 in 5
-guesses, told "higher" or "lower" after each (a reply's first whole number is its guess);
-reward 1 on finding it, 0.2 less for each wrong guess before."""
+guesses, told whether it is larger or smaller after each (a reply's first whole number is its
+guess); reward 1 on finding it, 0.2 less for each wrong guess before."""
 
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ class GuessGame(Environment[Guess, Hint, Game]):
         self._state = Game(episode_id=episode_id, step_count=0)
         self._state.secret = random.Random(seed).randint(1, HIGH)
         return Hint(
-            text=f"I am thinking of a whole number from 1 to {HIGH}. You have {GUESSES} "
-            "guesses; after each I say higher or lower. Reply with your guess."
+            text=f"Guess the whole number I am thinking of, from 1 to {HIGH}, in at most "
+            f"{GUESSES} tries. Reply with just your guess, for example: 8"
         )
 
     def step(self, action: Guess, timeout_s: float | None = None, **_: Any) -> Hint:
@@ -51,8 +51,9 @@ class GuessGame(Environment[Guess, Hint, Game]):
         guess = int(found.group()) if found else 0
         if guess == game.secret:
             return Hint(text="correct", done=True, reward=1.0 - 0.2 * (game.step_count - 1))
-        hint = "higher" if guess < game.secret else "lower"
-        return Hint(text=hint, done=game.step_count >= GUESSES, reward=0.0)
+        hint = "larger" if guess < game.secret else "smaller"
+        text = f"No: my number is {hint} than {guess}. Your next guess?"
+        return Hint(text=text, done=game.step_count >= GUESSES, reward=0.0)
 
     @property
     def state(self) -> Game:
