@@ -29,8 +29,9 @@ REQUIRED = {
     "reasoning-gym": {"dataset": "leg_counting"},
     "textarena": {"game": "GuessTheNumber-v0"},
     "verifiers": {"id": "vf-math"},
+    "openenv": {"url": "http://127.0.0.1:8000"},
 }
-ADAPTERS = ("reasoning-gym", "textarena", "verifiers")
+ADAPTERS = ("reasoning-gym", "textarena", "verifiers", "openenv")
 
 
 def test_all_names_are_buildable() -> None:
