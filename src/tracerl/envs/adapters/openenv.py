@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import shlex
 import signal
 import socket
@@ -36,11 +35,9 @@ import tempfile
 from typing import Any
 
 from tracerl.config.envs import OpenEnvEnvConfig
-from tracerl.envs.adapters import missing_extra
+from tracerl.envs.adapters import missing_extra, seeded_tasks
 from tracerl.envs.base import EnvResult, Session, Task, sampling_params
 from tracerl.envs.chat import openai_client
-
-TRAIN_TASKS, EVAL_TASKS = 1000, 50  # a split's size when dataset.num_tasks is unset
 
 
 class ServerFailed(RuntimeError):
@@ -88,11 +85,7 @@ class OpenEnvEnvironment:
         self._sessions = asyncio.Semaphore(config.max_sessions) if config.max_sessions else None
 
     def tasks(self, split: str, num_tasks: int | None, seed: int) -> list[Task]:
-        """`{"seed": N}` for `num_tasks` episodes (1000 for `train`, 50 otherwise when unset),
-        seeds drawn from the split's name and `seed`."""
-        size = num_tasks or (TRAIN_TASKS if split == "train" else EVAL_TASKS)
-        rng = random.Random(f"tracerl.openenv:{split}:{seed}")
-        return [{"seed": s} for s in rng.sample(range(2**31), size)]
+        return seeded_tasks(self.name, split, num_tasks, seed)
 
     async def _base_url(self) -> str:
         async with self._starting:

@@ -34,12 +34,11 @@ from typing import Any, TypeVar
 
 from tracerl.config.base import ConfigError
 from tracerl.config.envs import TextArenaEnvConfig
-from tracerl.envs.adapters import missing_extra
+from tracerl.envs.adapters import missing_extra, seeded_tasks
 from tracerl.envs.base import EnvResult, Session, Task, TraceReward, sampling_params
 from tracerl.envs.chat import openai_client
 from tracerl.trace.schema import SessionTrace
 
-TRAIN_TASKS, EVAL_TASKS = 1000, 50  # a split's size when dataset.num_tasks is unset
 T = TypeVar("T")
 
 
@@ -134,11 +133,7 @@ class TextArenaEnvironment:
         return str(task.get("game") or self.config.game)
 
     def tasks(self, split: str, num_tasks: int | None, seed: int) -> list[Task]:
-        """`{"seed": N}` for `num_tasks` games (1000 for `train`, 50 otherwise when unset),
-        seeds drawn from the split's name and `seed`."""
-        size = num_tasks or (TRAIN_TASKS if split == "train" else EVAL_TASKS)
-        rng = random.Random(f"tracerl.textarena:{split}:{seed}")
-        return [{"seed": s} for s in rng.sample(range(2**31), size)]
+        return seeded_tasks(self.name, split, num_tasks, seed)
 
     async def run(self, task: Task, session: Session) -> EnvResult:
         c = self.config
