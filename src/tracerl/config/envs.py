@@ -96,8 +96,8 @@ class TextArenaEnvConfig(ChatEnvConfig):
     game: str
     """A registered single-player game id (`GuessTheNumber-v0`, `Wordle-v0`, ...)."""
     max_turns: int = Field(default=32, ge=1, le=1024)
-    """Model turns per episode; a game not over by then ends there, scored as TextArena
-    scores it."""
+    """Model turns per episode; a game not over by then ends there and scores 0 (TextArena
+    has no reward for an unfinished game)."""
 
 
 class VerifiersEnvConfig(Config):

@@ -25,7 +25,6 @@ retries failed model calls) and caps openai below 3.
 from __future__ import annotations
 
 import json
-import logging
 import math
 
 from tracerl.config.base import ConfigError
@@ -33,8 +32,6 @@ from tracerl.config.envs import VerifiersEnvConfig
 from tracerl.envs.adapters import missing_extra
 from tracerl.envs.base import EnvResult, Session, Task, sampling_params
 from tracerl.envs.chat import openai_client
-
-log = logging.getLogger(__name__)
 
 
 class VerifiersEnvironment:
