@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
+import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -20,6 +22,17 @@ def settle_heap() -> None:
     pause every request in flight for tens of milliseconds."""
     gc.collect()
     gc.freeze()
+
+
+async def close_all(closers: Sequence[Callable[[], Any]], log: logging.Logger) -> None:
+    """Call `closers` newest first, awaiting each that returns an awaitable; one that raises is
+    logged and the others still run."""
+    for close in reversed(closers):
+        try:
+            if inspect.isawaitable(outcome := close()):
+                await outcome
+        except Exception:
+            log.exception("closing %r failed", close)
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

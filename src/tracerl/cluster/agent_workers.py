@@ -15,7 +15,6 @@ one's turns stay in the store, untrained), so a lost worker costs time, not a ro
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from tracerl.cluster.ray_cluster import cause, import_ray, started
 from tracerl.config.cluster import AgentWorkersConfig
 from tracerl.envs import EpisodeResult, Session, Task
 from tracerl.envs.episode import PlayerLost
+from tracerl.eventloop import close_all
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +44,8 @@ class AgentWorker:
 
     async def close(self) -> None:
         """What the environment holds for the run (a server it started), released."""
-        close = getattr(self.env, "close", None)
-        if callable(close) and inspect.isawaitable(outcome := close()):
-            await outcome
+        if callable(close := getattr(self.env, "close", None)):
+            await close_all([close], log)
 
     def where(self) -> dict[str, Any]:
         import ray

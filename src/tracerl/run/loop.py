@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import json
 import logging
 import signal
@@ -57,7 +56,8 @@ from tracerl.config.run import TrainCommandConfig
 from tracerl.control.collector import MetricsCollector
 from tracerl.control.controller import ConcurrencyController, Kind
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode, Finished
-from tracerl.envs import EpisodeResult, load_dataset, make_environment
+from tracerl.envs import EpisodeResult
+from tracerl.eventloop import close_all
 from tracerl.run import engines, gateways, probe, trainers
 from tracerl.run.episode_log import EpisodeLog
 from tracerl.run.evals import Evals
@@ -78,6 +78,7 @@ from tracerl.run.rollouts import (
     Play,
     Rollout,
     dispatch_gauges,
+    open_environment,
     rollout_metrics,
 )
 from tracerl.run.spans import record_step
@@ -217,17 +218,9 @@ class RLLoop:
 
     def _start_episodes(self, loop_state: dict[str, Any]) -> None:
         c = self.config
-        self.env = make_environment(c.env)
-        if callable(close := getattr(self.env, "close", None)):  # a server it started, say
-            self.closers.append(close)
-        self.dataset = load_dataset(c.dataset, self.env.task_fields, self.env)
+        self.env, self.dataset, self.eval_dataset = open_environment(c, self.closers)
         if "dataset" in loop_state:
             self.dataset.load_state_dict(loop_state["dataset"])
-        self.eval_dataset = (
-            load_dataset(c.eval_dataset, self.env.task_fields, self.env, "eval")
-            if c.eval_dataset
-            else None
-        )
         self.runner = EpisodeRunner(
             self.env,
             self.gateways.urls,
@@ -595,10 +588,4 @@ class RLLoop:
             )
             return 0 if self.step >= self.config.loop.steps or out_of_time else 130
         finally:
-            for close in reversed(self.closers):
-                try:
-                    outcome = close()
-                    if inspect.isawaitable(outcome):
-                        await outcome
-                except Exception:
-                    log.exception("closing %r failed", close)
+            await close_all(self.closers, log)

@@ -27,12 +27,22 @@ import statistics
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from tracerl.control.dispatcher import Dispatcher
-from tracerl.envs import Environment, EpisodeResult, Session, Task, run_episode, score_trace
+from tracerl.envs import (
+    Environment,
+    EpisodeResult,
+    Session,
+    Task,
+    TaskDataset,
+    load_dataset,
+    make_environment,
+    run_episode,
+    score_trace,
+)  # fmt: skip
 from tracerl.envs.episode import PlayerLost
 from tracerl.gateway.store import TraceStore
 from tracerl.run.spans import episode_attributes
@@ -41,7 +51,25 @@ from tracerl.trace.schema import SessionTrace
 from tracerl.trace.versions import oldest_version, staleness
 from tracerl.train.batch import TrainSample
 
+if TYPE_CHECKING:
+    from tracerl.config import TrainCommandConfig
+
 log = logging.getLogger(__name__)
+
+
+def open_environment(
+    config: TrainCommandConfig, closers: list[Any]
+) -> tuple[Environment, TaskDataset, TaskDataset | None]:
+    """The run's environment and its train and eval datasets (`generate = "env"` asks the
+    environment for its splits); an environment's `close` (a server it started) goes on
+    `closers`."""
+    env = make_environment(config.env)
+    if callable(close := getattr(env, "close", None)):
+        closers.append(close)
+    dataset = load_dataset(config.dataset, env.task_fields, env)
+    held_out = config.eval_dataset
+    eval_dataset = load_dataset(held_out, env.task_fields, env, "eval") if held_out else None
+    return env, dataset, eval_dataset
 
 
 @dataclass
