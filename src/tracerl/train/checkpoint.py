@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from safetensors.torch import load_model, save_file, save_model
+from torch.distributed.checkpoint.api import CheckpointException
 
 from tracerl.train.shard import world
 
@@ -172,13 +173,17 @@ def write_checkpoint(
         return tempfile.mkdtemp(prefix=f".tmp-{checkpoint_name(step)}-", dir=root)
 
     tmp = Path(on_rank_zero(make_tmp))
+    states = _model_states(models, optimizers)
     try:
         with one_process_is_intended():
-            dcp.save(
-                _model_states(models, optimizers),
-                checkpoint_id=str(tmp / "model"),
-                no_dist=world_size == 1,
-            )
+            try:
+                dcp.save(states, checkpoint_id=str(tmp / "model"), no_dist=world_size == 1)
+            except (Exception, CheckpointException) as e:
+                raise_if_disk_full(root, step, _nbytes(states), e)
+                raise CheckpointError(
+                    f"writing checkpoint {checkpoint_name(step)} under {root} failed: "
+                    f"{dcp_failures(e)}"
+                ) from e
         if world_size > 1:
             dist.barrier()
         target = on_rank_zero(
@@ -191,6 +196,42 @@ def write_checkpoint(
         for stale in list_checkpoints(root)[:-keep_last_n]:
             shutil.rmtree(stale)
     return Path(target)
+
+
+def _nbytes(tree: Any) -> int:
+    """Bytes of the tensors in a nested state dict (this rank's shards of a DTensor)."""
+    if isinstance(tree, dict):
+        return sum(_nbytes(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return sum(_nbytes(v) for v in tree)
+    if isinstance(tree, torch.Tensor):
+        local = tree.to_local() if hasattr(tree, "to_local") else tree
+        return int(local.numel() * local.element_size())
+    return 0
+
+
+def dcp_failures(error: BaseException) -> str:
+    """DCP's error, each rank's exception on a line of its own without torch's traceback.
+    (DCP raises `CheckpointException`, a `BaseException`: it would pass every `except
+    Exception` above; callers get a `CheckpointError` instead.)"""
+    if isinstance(error, CheckpointException):
+        return "; ".join(
+            f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in error.failures.items()
+        )
+    return f"{type(error).__name__}: {error}"
+
+
+def raise_if_disk_full(root: Path, step: int, needed: int, error: BaseException) -> None:
+    """A write that failed on a disk with less room than the checkpoint takes is named as
+    that: torch reports it as `unexpected pos N vs M`, which says nothing of the disk."""
+    free = shutil.disk_usage(root).free
+    if free < needed:
+        raise CheckpointError(
+            f"writing checkpoint {checkpoint_name(step)} under {root} failed: its disk has "
+            f"{free / 2**20:.0f} MiB free, less than the checkpoint's {needed / 2**20:.0f} MiB "
+            "(free space there, or set trainer.keep_last_n / loop.checkpoint_every); "
+            f"{dcp_failures(error)}"
+        ) from error
 
 
 def _finish(
@@ -342,10 +383,10 @@ def _load_shards(
                 )
     except CheckpointError:
         raise
-    except (RuntimeError, ValueError, KeyError) as e:
+    except (RuntimeError, ValueError, KeyError, CheckpointException) as e:
         raise CheckpointError(
-            f"{root}: the saved models do not fit these ({e}); the trainer is now partly "
-            "loaded and must be rebuilt"
+            f"{root}: the saved models do not fit these ({dcp_failures(e)}); the trainer is "
+            "now partly loaded and must be rebuilt"
         ) from None
 
 

@@ -92,10 +92,14 @@ def checkpoint_actor(run_dir: Path, step: int | None = None) -> tuple[Any, Any, 
 def _load_actor_shards(root: Path, actor: torch.nn.Module) -> None:
     """The actor's weights from a checkpoint's DCP shards, nothing else read."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     options = ckpt.state_options(actor)  # a LoRA actor: its adapters
     state = {"actor": get_model_state_dict(actor, options=options)}
     with ckpt.one_process_is_intended():
-        dcp.load(state, checkpoint_id=str(root / "model"), no_dist=True)
+        try:
+            dcp.load(state, checkpoint_id=str(root / "model"), no_dist=True)
+        except CheckpointException as e:  # a BaseException: named as a CheckpointError
+            raise ckpt.CheckpointError(f"{root}: {ckpt.dcp_failures(e)}") from e
     set_model_state_dict(actor, state["actor"], options=options)

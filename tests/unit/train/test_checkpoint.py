@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import save_model
+from torch.distributed.checkpoint.api import CheckpointException
 from transformers import AutoModelForCausalLM
 
 from tracerl.engine.weights import copy_weights, read_weights_dir
@@ -135,6 +136,43 @@ def test_only_the_last_n_checkpoints_are_kept(make_trainer: MakeTrainer, tmp_pat
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000003"]
     assert make_trainer(algorithm="grpo").load_checkpoint(tmp_path) == b"again"
+
+
+def test_a_full_disk_is_named_and_the_checkpoints_before_stay(
+    make_trainer: MakeTrainer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch reports a write into a full disk as `unexpected pos N vs M` (what a 2 MiB tmpfs
+    gives): the error names the disk, and the checkpoint before it still resumes."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+
+    from tracerl.train import checkpoint
+
+    trainer = make_trainer(algorithm="grpo")
+    trainer.step(make_samples(0, count=4))
+    trainer.save_checkpoint(tmp_path, loop_state=b"first")
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        # as DCP raises it: a BaseException holding each rank's error
+        error = RuntimeError(
+            "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+        )
+        raise CheckpointException("CheckpointException ranks:dict_keys([0])", {0: (error, None)})
+
+    monkeypatch.setattr(dcp, "save", full)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda _: usage._replace(free=4096))
+    trainer.step(make_samples(1, count=4))
+    with pytest.raises(CheckpointError, match=r"step_00000002 under .* its disk has 0 MiB free"):
+        trainer.save_checkpoint(tmp_path, loop_state=b"second")
+    # with room on the disk: torch's error, as a CheckpointError (an Exception) all the same
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda _: usage._replace(free=2**50))
+    with pytest.raises(CheckpointError, match=r"failed: rank 0: RuntimeError: .*unexpected pos"):
+        trainer.save_checkpoint(tmp_path, loop_state=b"second")
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000001"]  # no temporary left
+    assert make_trainer(algorithm="grpo").load_checkpoint(tmp_path) == b"first"
 
 
 def test_export_is_a_model_directory_engines_load(
