@@ -211,9 +211,9 @@ def _nbytes(tree: Any) -> int:
 
 
 def dcp_failures(error: BaseException) -> str:
-    """DCP's error, each rank's exception on a line of its own without torch's traceback.
-    (DCP raises `CheckpointException`, a `BaseException`: it would pass every `except
-    Exception` above; callers get a `CheckpointError` instead.)"""
+    """DCP's error as one line: each rank's exception, without torch's traceback. (DCP raises
+    `CheckpointException`, a `BaseException`: it would pass every `except Exception` above;
+    callers get a `CheckpointError` instead.)"""
     if isinstance(error, CheckpointException):
         return "; ".join(
             f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in error.failures.items()
