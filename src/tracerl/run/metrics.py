@@ -218,6 +218,8 @@ def optimizer_memory(trainer: Any) -> dict[str, float]:
     live in other processes (the Ray trainer's driver side)."""
     import torch
 
+    from tracerl.train.shard import local_nbytes
+
     optimizers = [getattr(trainer, f"{m}_optimizer", None) for m in ("actor", "critic")]
     if not any(optimizers):
         return {}
@@ -226,8 +228,7 @@ def optimizer_memory(trainer: Any) -> dict[str, float]:
         for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    local = value.to_local() if hasattr(value, "to_local") else value  # DTensor
-                    held += local.numel() * local.element_size()
+                    held += local_nbytes(value)
     return {OPTIMIZER_GIB: held / 2**30}
 
 

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from safetensors.torch import load_model, save_file, save_model
 from torch.distributed.checkpoint.api import CheckpointException
 
-from tracerl.train.shard import world
+from tracerl.train.shard import local_nbytes, world
 
 FORMAT = 2
 FORMATS = (1, 2)  # readable ones
@@ -179,11 +179,7 @@ def write_checkpoint(
             try:
                 dcp.save(states, checkpoint_id=str(tmp / "model"), no_dist=world_size == 1)
             except (Exception, CheckpointException) as e:
-                raise_if_disk_full(root, step, _nbytes(states), e)
-                raise CheckpointError(
-                    f"writing checkpoint {checkpoint_name(step)} under {root} failed: "
-                    f"{dcp_failures(e)}"
-                ) from e
+                raise write_failed(root, step, _nbytes(states), e) from e
         if world_size > 1:
             dist.barrier()
         target = on_rank_zero(
@@ -204,10 +200,7 @@ def _nbytes(tree: Any) -> int:
         return sum(_nbytes(v) for v in tree.values())
     if isinstance(tree, list | tuple):
         return sum(_nbytes(v) for v in tree)
-    if isinstance(tree, torch.Tensor):
-        local = tree.to_local() if hasattr(tree, "to_local") else tree
-        return int(local.numel() * local.element_size())
-    return 0
+    return local_nbytes(tree) if isinstance(tree, torch.Tensor) else 0
 
 
 def dcp_failures(error: BaseException) -> str:
@@ -221,17 +214,21 @@ def dcp_failures(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def raise_if_disk_full(root: Path, step: int, needed: int, error: BaseException) -> None:
-    """A write that failed on a disk with less room than the checkpoint takes is named as
-    that: torch reports it as `unexpected pos N vs M`, which says nothing of the disk."""
+def write_failed(root: Path, step: int, needed: int, error: BaseException) -> CheckpointError:
+    """The error of a failed write of checkpoint `step`, naming a full disk when it has less
+    room than the checkpoint takes: torch reports that as `unexpected pos N vs M`, which says
+    nothing of the disk."""
+    cause = dcp_failures(error)
     free = shutil.disk_usage(root).free
     if free < needed:
-        raise CheckpointError(
-            f"writing checkpoint {checkpoint_name(step)} under {root} failed: its disk has "
-            f"{free / 2**20:.0f} MiB free, less than the checkpoint's {needed / 2**20:.0f} MiB "
-            "(free space there, or set trainer.keep_last_n / loop.checkpoint_every); "
-            f"{dcp_failures(error)}"
-        ) from error
+        cause = (
+            f"its disk has {free / 2**20:.0f} MiB free, less than the checkpoint's "
+            f"{needed / 2**20:.0f} MiB (free space there, or set trainer.keep_last_n / "
+            f"loop.checkpoint_every); {cause}"
+        )
+    return CheckpointError(
+        f"writing checkpoint {checkpoint_name(step)} under {root} failed: {cause}"
+    )
 
 
 def _finish(

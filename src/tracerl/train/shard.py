@@ -127,6 +127,12 @@ class Shard:
         return [padding_micro_batch(device, batching)] * (most - len(mbs))
 
 
+def local_nbytes(tensor: torch.Tensor) -> int:
+    """Bytes of `tensor` this process holds: its own shard of a DTensor."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return int(local.numel() * local.element_size())
+
+
 def padding_micro_batch(device: torch.device, batching: Batching) -> MicroBatch:
     """A two-token sample with one action: the forward a rank makes only so that its peers'
     collectives have a partner. Its outputs are discarded and its loss is multiplied by 0."""
