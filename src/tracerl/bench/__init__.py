@@ -43,6 +43,8 @@ def run_benchmark(name: str, args: argparse.Namespace) -> int:
         argv = ["--model", args.model, *(["--quick"] if args.quick else [])]
         if args.rounds is not None:
             argv += ["--rounds", str(args.rounds)]
+        if name == "step" and args.autocast:
+            argv.append("--autocast")
         code: int = module.main(argv)
     elif name == "lora":  # its own options too; --minutes and --work-dir are learn's
         argv = ["--minutes", str(args.minutes), *(["--quick"] if args.quick else [])]

@@ -14,6 +14,9 @@ parameter updates are compared (`update_rel_diff`).
 
 Steps alternate between the two and the fastest of each is reported: on a shared machine other
 processes only ever add time. The first step of each is the warm-up and is not timed.
+`--autocast` times a third trainer, `trainer.autocast = "bfloat16"`, in the same rounds
+(`float32_vs_autocast`), and compares its first update with the float32 trainer's
+(`autocast_update_rel_diff`).
 """
 
 from __future__ import annotations
@@ -107,6 +110,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="timed steps of each")
     parser.add_argument("--quick", action="store_true", help="1 timed round")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--autocast",
+        action="store_true",
+        help="also time the trainer with trainer.autocast = bfloat16 in the same rounds",
+    )
     return parser.parse_args(argv)
 
 
@@ -128,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     trainer = Trainer(config, device="cpu")
     plain = Trainer(config, device="cpu")  # the same weights: both seeded by config.seed
+    mixed = (
+        Trainer(config.model_copy(update={"autocast": "bfloat16"}), device="cpu")
+        if args.autocast
+        else None
+    )
     model, tokenizer = plain.actor, trainer.tokenizer
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
     prompts, completions, rewards = make_batch(tokenizer, seed=0)
@@ -149,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     delta_plain = _params(model) - before
     rel_diff = float((delta_trainer - delta_plain).norm() / delta_plain.norm())
     times: dict[str, list[float]] = {"trainer": [], "plain": []}
+    autocast: dict[str, Any] = {}
+    if mixed is not None:  # its first update against the float32 trainer's
+        mixed.step(samples)
+        delta_mixed = _params(mixed.actor) - before
+        diff = (delta_mixed - delta_trainer).norm() / delta_trainer.norm()
+        autocast["autocast_update_rel_diff"] = round(float(diff), 5)
+        times["trainer_autocast"] = []
     for _ in range(rounds):
         started = time.perf_counter()
         trainer.step(samples)
@@ -156,8 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         plain_step(model, optimizer, batch, advantages)
         times["plain"].append(time.perf_counter() - started)
+        if mixed is not None:
+            started = time.perf_counter()
+            mixed.step(samples)
+            times["trainer_autocast"].append(time.perf_counter() - started)
     best = {name: min(t) for name, t in times.items()}
     ratio = best["plain"] / best["trainer"]
+    if mixed is not None:
+        autocast["trainer_autocast_step_s"] = [round(t, 3) for t in times["trainer_autocast"]]
+        autocast["float32_vs_autocast"] = round(best["trainer"] / best["trainer_autocast"], 3)
     result = {
         "benchmark": "step",
         "model": args.model,
@@ -169,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "plain_step_s": [round(t, 3) for t in times["plain"]],
         "plain_vs_trainer": round(ratio, 3),
         "update_rel_diff": round(rel_diff, 5),
+        **autocast,
         "targets": {"plain_vs_trainer_min": TARGET_RATIO, "update_rel_diff_max": 0.01},
         "target_met": ratio >= TARGET_RATIO and rel_diff <= 0.01,
     }

@@ -356,6 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="engine: the embedded engine's forward (engine.forward); both: the generic path "
         "measured beside the slot cache, in the same rounds",
     )
+    bench.add_argument(
+        "--autocast",
+        action="store_true",
+        help="step: also time the trainer with trainer.autocast = bfloat16, in the same rounds",
+    )
     bench.add_argument("--sessions", type=int, default=500, help="faults: soak sessions")
     bench.add_argument("--quick", action="store_true", help="a small, fast configuration")
     bench.add_argument(

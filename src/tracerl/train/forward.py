@@ -7,14 +7,16 @@ A mixture-of-experts micro-batch with recorded routing is forwarded under it
 (`logits_to_keep` with the micro-batch's boolean `keep`), so prompt and observation tokens
 never reach the vocabulary head. The log-prob is `z[token] - logsumexp(z)`, which never
 materialises a second `[k, V]` log-softmax for backward; the entropy (a metric, no grad)
-reuses the same `logsumexp`.
+reuses the same `logsumexp`. With `autocast` (a dtype, `trainer.autocast`) the model's forward
+runs under `torch.autocast`; what comes out of it is cast to float32 before any log-prob.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -22,14 +24,33 @@ import torch
 from tracerl.train.batch import MicroBatch
 from tracerl.train.replay import replayed
 
+AUTOCAST = {"off": None, "bfloat16": torch.bfloat16}
+"""`trainer.autocast` -> the dtype the forwards run under (None: no autocast)."""
+
+
+@contextlib.contextmanager
+def forwarding(model: Any, mb: MicroBatch, autocast: torch.dtype | None) -> Iterator[None]:
+    """The context of one forward of `model` over `mb`: its recorded routing, under autocast."""
+    with replayed(model, mb.routing):
+        if autocast is None:
+            yield
+        else:
+            with torch.autocast(mb.input_ids.device.type, dtype=autocast):
+                yield
+
 
 def action_logprobs(
-    model: Any, mb: MicroBatch, temperature: float, *, with_entropy: bool = False
+    model: Any,
+    mb: MicroBatch,
+    temperature: float,
+    *,
+    with_entropy: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of `mb`'s action tokens `[k]` (with grad if enabled), and their entropies
     `[k]` (no grad) when asked."""
     by_mask = keeps_logits_by_mask(model.__class__)
-    with replayed(model, mb.routing):
+    with forwarding(model, mb, autocast):
         logits = model(
             input_ids=mb.input_ids,
             position_ids=mb.position_ids,
@@ -60,16 +81,16 @@ def keeps_logits_by_mask(cls: Any) -> bool:
     return hasattr(module, "slice_logits_to_keep")
 
 
-def action_values(critic: Any, mb: MicroBatch) -> torch.Tensor:
+def action_values(critic: Any, mb: MicroBatch, autocast: torch.dtype | None = None) -> torch.Tensor:
     """The critic's value of the state before each action token of `mb`. `[k]`"""
-    with replayed(critic, mb.routing):
+    with forwarding(critic, mb, autocast):
         values: torch.Tensor = critic(
             mb.input_ids,
             keep=mb.keep,
             position_ids=mb.position_ids,
             attention_mask=mb.attention_mask,
         )
-    return values
+    return values.float()
 
 
 @torch.no_grad()
@@ -80,14 +101,15 @@ def all_logprobs(
     temperature: float,
     device: torch.device,
     padding: Sequence[MicroBatch] = (),
+    autocast: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Log-probs over a step's packed layout of `size` tokens (0 off actions). `[N]`
     `padding`: forwards whose outputs are discarded (a sharded trainer's lockstep)."""
     out = torch.zeros(size, dtype=torch.float32, device=device)
     for mb in mbs:
-        out[mb.actions] = action_logprobs(model, mb, temperature)[0]
+        out[mb.actions] = action_logprobs(model, mb, temperature, autocast=autocast)[0]
     for mb in padding:
-        action_logprobs(model, mb, temperature)
+        action_logprobs(model, mb, temperature, autocast=autocast)
     return out
 
 
@@ -98,11 +120,12 @@ def all_values(
     size: int,
     device: torch.device,
     padding: Sequence[MicroBatch] = (),
+    autocast: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Values over a step's packed layout of `size` tokens (0 off actions). `[N]`"""
     out = torch.zeros(size, dtype=torch.float32, device=device)
     for mb in mbs:
-        out[mb.actions] = action_values(critic, mb)
+        out[mb.actions] = action_values(critic, mb, autocast)
     for mb in padding:
-        action_values(critic, mb)
+        action_values(critic, mb, autocast)
     return out

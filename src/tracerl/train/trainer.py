@@ -60,7 +60,7 @@ from tracerl.train.batch import (
     micro_batches_for,
     resolve_batching,
 )
-from tracerl.train.forward import all_logprobs, all_values
+from tracerl.train.forward import AUTOCAST, all_logprobs, all_values
 from tracerl.train.models import load_actor, load_reference, value_model_from_actor
 from tracerl.train.phases import MemoryPhases, Phase, Place
 from tracerl.train.replay import check_replayable
@@ -99,6 +99,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         random.seed(config.seed)
         dtype = DTYPES[config.dtype]
+        self.autocast = AUTOCAST[config.autocast]
         self.actor, self.tokenizer, self.model_path = load_actor(
             config.model, dtype=dtype, chat_template=config.chat_template
         )
@@ -347,13 +348,13 @@ class Trainer:
                 self.phases.require("actor")
                 return all_logprobs(
                     self.actor, mbs, batch.token_ids.numel(), self.config.temperature,
-                    self.device, shard.padding(mbs, self.device, self.batching),
+                    self.device, shard.padding(mbs, self.device, self.batching), self.autocast,
                 )  # fmt: skip
         with self._phase(Phase.REFERENCE, "reference", metrics):
             self.phases.require("reference")
             out = all_logprobs(
                 self.reference, mbs, batch.token_ids.numel(), self.config.temperature,
-                self.device, shard.padding(mbs, self.device, self.batching),
+                self.device, shard.padding(mbs, self.device, self.batching), self.autocast,
             )  # fmt: skip
             reshard(self.reference)
             return out
@@ -365,7 +366,7 @@ class Trainer:
             self.phases.require("actor")
             out = all_logprobs(
                 self.actor, mbs, batch.token_ids.numel(), self.config.temperature,
-                self.device, shard.padding(mbs, self.device, self.batching),
+                self.device, shard.padding(mbs, self.device, self.batching), self.autocast,
             )  # fmt: skip
             reshard(self.actor)
             return out
@@ -394,6 +395,7 @@ class Trainer:
                 batch.token_ids.numel(),
                 self.device,
                 shard.padding(mbs, self.device, self.batching),
+                self.autocast,
             )
             reshard(self.critic)
             rewards = terminal_rewards(batch.rewards, mask, cu)

@@ -24,7 +24,7 @@ from tracerl.algo.distributed import all_reduce_max, all_reduce_sum, global_toke
 from tracerl.algo.losses import kl_penalty, kl_per_token, policy_loss, value_loss
 from tracerl.config.train import TrainerConfig
 from tracerl.train.batch import Batching, MicroBatch, PackedBatch, micro_batches_for
-from tracerl.train.forward import action_logprobs, action_values
+from tracerl.train.forward import AUTOCAST, action_logprobs, action_values
 from tracerl.train.schedule import optimizer_step
 from tracerl.train.shard import Shard, reshard
 
@@ -225,13 +225,16 @@ def update_actor(
     if targets.old_logprobs is None and len(parts) > 1 and set(range(batch.size)) - zero_grad:
         raise ValueError("old_logprobs: required when the actor makes more than one update")
     first_pass = len(parts) // config.actor.epochs
+    autocast = AUTOCAST[config.autocast]
 
     def padding(mb: MicroBatch) -> None:
-        lp, _ = action_logprobs(actor, mb, config.temperature)
+        lp, _ = action_logprobs(actor, mb, config.temperature, autocast=autocast)
         (lp.sum() * 0).backward()
 
     def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
-        lp, entropy = action_logprobs(actor, mb, config.temperature, with_entropy=True)
+        lp, entropy = action_logprobs(
+            actor, mb, config.temperature, with_entropy=True, autocast=autocast
+        )
         old = lp.detach() if targets.old_logprobs is None else targets.old_logprobs[mb.actions]
         rollout = batch.rollout_logprobs[mb.actions]
         loss, m = policy_loss(
@@ -286,13 +289,14 @@ def update_sft(
     negative log-likelihood of the trained tokens (`loss_mask`), averaged over all of them,
     at temperature 1 whatever the sampling temperature."""
     parts = shard.localize([list(range(shard.total))])
+    autocast = AUTOCAST[config.autocast]
 
     def padding(mb: MicroBatch) -> None:
-        lp, _ = action_logprobs(actor, mb, 1.0)
+        lp, _ = action_logprobs(actor, mb, 1.0, autocast=autocast)
         (lp.sum() * 0).backward()
 
     def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
-        lp, entropy = action_logprobs(actor, mb, 1.0, with_entropy=True)
+        lp, entropy = action_logprobs(actor, mb, 1.0, with_entropy=True, autocast=autocast)
         loss = -lp.sum() / denom
         loss.backward()
         metrics.add("actor/sft_loss", float(loss.detach()))
@@ -326,11 +330,13 @@ def update_critic(
         )
     )
 
+    autocast = AUTOCAST[config.autocast]
+
     def padding(mb: MicroBatch) -> None:
-        (action_values(critic, mb).sum() * 0).backward()
+        (action_values(critic, mb, autocast).sum() * 0).backward()
 
     def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
-        values = action_values(critic, mb)
+        values = action_values(critic, mb, autocast)
         loss, m = value_loss(
             values, old_values[mb.actions], returns[mb.actions], clip=config.value_clip,
             denominator=denom,

@@ -34,3 +34,16 @@ def test_the_step_benchmark_compares_the_same_update(capsys: pytest.CaptureFixtu
     # both took the same AdamW step from the same weights and gradient
     assert result["update_rel_diff"] < 0.01
     assert isinstance(result["target_met"], bool)
+
+
+def test_the_step_benchmark_times_autocast_beside_float32(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tracerl.bench import step
+
+    assert step.main(["--model", "tiny", "--quick", "--threads", "1", "--autocast"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(result["trainer_autocast_step_s"]) == len(result["trainer_step_s"]) == 1
+    assert result["float32_vs_autocast"] > 0
+    # a different update (bfloat16 multiplies), of the same gradient's direction
+    assert 0 < result["autocast_update_rel_diff"] < 1

@@ -294,3 +294,55 @@ def test_rollout_logprobs_from_the_same_policy_show_no_mismatch(
     assert metrics["mismatch/logprob_abs_diff"] < 1e-5
     assert metrics["actor/is_weight_mean"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["actor/ratio_mean"] == 1.0  # one update: old log-probs are its own forward
+
+
+def linear_output_dtypes(model: torch.nn.Module) -> set[torch.dtype]:
+    """The dtypes the model's linear layers produce from now on."""
+    seen: set[torch.dtype] = set()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_hook(lambda _m, _i, out: seen.add(out.dtype))
+    return seen
+
+
+def sampled_by(model: Any) -> list[TrainSample]:
+    """Two groups of two trajectories whose rollout log-probs are `model`'s own (float32)."""
+    samples = []
+    for i, (p, c) in enumerate([(3, 5), (6, 2), (2, 7), (4, 4)]):
+        prompt, completion = list(range(40 + i, 40 + i + p)), list(range(5000 + i, 5000 + i + c))
+        lp = reference_logprobs(model, prompt, completion, 1.0).tolist()
+        ids, mask = prompt + completion, [0] * p + [1] * c
+        samples.append(TrainSample(ids, mask, [0.0] * p + lp, float(i % 2), i // 2))
+    return samples
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+def test_autocast_multiplies_in_bfloat16_and_keeps_everything_else_float32(
+    make_trainer: MakeTrainer, tiny: tuple[Any, Any], algorithm: str
+) -> None:
+    samples = sampled_by(tiny[0])
+    plain = make_trainer(algorithm=algorithm, kl_loss_coef=0.05)
+    mixed = make_trainer(algorithm=algorithm, kl_loss_coef=0.05, autocast="bfloat16")
+    models = [m for m in (mixed.actor, mixed.critic, mixed.reference) if m is not None]
+    assert len(models) == (3 if algorithm == "ppo" else 2)
+    seen = [linear_output_dtypes(m) for m in models]
+    plain_seen = linear_output_dtypes(plain.actor)
+    before = snapshot(mixed.actor)
+    want, got = plain.step(samples), mixed.step(samples)
+    assert plain_seen == {torch.float32}
+    assert seen == [{torch.bfloat16}] * len(models)  # actor, critic (ppo), reference
+    for model in models:  # weights and optimizer state stay float32
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert changed(mixed.actor, before) == set(before)
+    state = mixed.actor_optimizer.state_dict()["state"]
+    assert {t.dtype for s in state.values() for t in s.values() if t.dim()} == {torch.float32}
+    # against the float32 rollout: exact in float32, bfloat16's rounding under autocast
+    assert want["mismatch/logprob_abs_diff"] < 1e-5
+    assert 1e-4 < got["mismatch/logprob_abs_diff"] < 0.1
+    assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=0.2)
+    # the weight probe scores in float32 whatever the step's precision
+    seen[0].clear()
+    ids = list(range(40, 60))
+    probed = torch.tensor(mixed.probe_logprobs(ids, 12))
+    assert seen[0] == {torch.float32}
+    assert torch.allclose(probed, reference_logprobs(mixed.actor, ids[:12], ids[12:], 1.0))
