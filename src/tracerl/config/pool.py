@@ -40,4 +40,4 @@ class PoolConfig(Config):
     layers that explain the difference."""
     weight_probe_tolerance: float | None = Field(default=None, gt=0)
     """Largest log-prob difference the probe accepts; unset: by the coarser of the engine's
-    and the trainer's dtypes (float32 2e-4, float16 0.05, bfloat16 0.2)."""
+    and the trainer's dtypes (float32 2e-4, float16 0.15, bfloat16 1.5)."""
