@@ -273,36 +273,42 @@ async def test_attach_follows_a_new_set_of_engine_urls(sims) -> None:
     await pool.close()
 
 
+class Delivering:
+    """A launcher that loads weights itself (as a Ray engine actor does) into `engine`; while
+    `gate` is set, a load waits for it to open."""
+
+    ready_timeout_s = 5.0
+
+    def __init__(self, engine: Any, weights_dir: str) -> None:
+        self.engine, self.weights_dir = engine, weights_dir
+        self.loads: list[tuple[str, int]] = []
+        self.up = True
+        self.gate: asyncio.Event | None = None
+
+    async def start(self) -> str:
+        self.up = True
+        return str(self.engine.base_url)
+
+    async def stop(self) -> None:
+        self.up = False
+
+    def alive(self) -> bool:
+        return self.up
+
+    async def load_weights(self, path: str, version: int) -> None:
+        self.loads.append((path, version))
+        if self.gate is not None:
+            await self.gate.wait()
+        await self.engine.update_weights_from_disk(self.weights_dir, version)  # its node's copy
+
+
 async def test_a_launcher_that_delivers_weights_is_used_for_syncs_and_restarts(
     sims, tmp_path
 ) -> None:
     (member,) = await sims(1)
     engine = member.engine
 
-    class Delivering:
-        """A launcher that loads weights itself (as a Ray engine actor does)."""
-
-        ready_timeout_s = 5.0
-
-        def __init__(self) -> None:
-            self.loads: list[tuple[str, int]] = []
-            self.up = True
-
-        async def start(self) -> str:
-            self.up = True
-            return str(engine.base_url)  # type: ignore[attr-defined]
-
-        async def stop(self) -> None:
-            self.up = False
-
-        def alive(self) -> bool:
-            return self.up
-
-        async def load_weights(self, path: str, version: int) -> None:
-            self.loads.append((path, version))
-            await engine.update_weights_from_disk(str(tmp_path), version)  # its node's copy
-
-    launcher = Delivering()
+    launcher = Delivering(engine, str(tmp_path))
     pool = EnginePool(
         [Member("launched-0", engine, launcher)],
         PoolConfig(health_interval_s=0.05, failure_threshold=1),
@@ -317,5 +323,35 @@ async def test_a_launcher_that_delivers_weights_is_used_for_syncs_and_restarts(
         assert launcher.loads == [("object-store:v3", 3)] * 2
         out = await pool.generate(req("after", 3))
         assert out.weight_version == 3
+    finally:
+        await pool.close()
+
+
+async def test_a_push_during_a_restart_reaches_the_restarted_engine(sims, tmp_path) -> None:
+    """The Ray CI failure: an engine restarted while the trainer pushed new weights loaded the
+    old ones, yet was put back as holding the new (the push skipped it: not active yet)."""
+    steady, restarted = await sims(2)
+    launcher = Delivering(restarted.engine, str(tmp_path))
+    pool = EnginePool(
+        [steady, Member("launched-0", restarted.engine, launcher)],
+        PoolConfig(health_interval_s=0.05, failure_threshold=1),
+        client=lambda _: restarted.engine,
+    )
+    await pool.update_weights(str(tmp_path), 1)
+    await pool.start()
+    try:
+        launcher.gate = asyncio.Event()
+        launcher.up = False  # the actor died; its restart loads v1 and waits at the gate
+        await wait_until(lambda: len(launcher.loads) == 2, "the restart loading", 30)
+        push = asyncio.create_task(pool.update_weights(str(tmp_path), 2))
+        await asyncio.sleep(0)  # the push starts while the restart is still loading v1
+        launcher.gate.set()
+        await asyncio.wait_for(push, 30)
+        await wait_until(lambda: pool.counters["restarts"] >= 1, "the engine restarted", 30)
+        assert launcher.loads[-1] == (str(tmp_path), 2)
+        assert [m.weight_version for m in pool.members] == [2, 2]
+        assert all(m.active for m in pool.members)
+        out = await restarted.engine.generate(req("on-the-restarted", 3))
+        assert out.weight_version == 2  # the engine itself serves the pushed weights
     finally:
         await pool.close()

@@ -5,8 +5,9 @@ or talks nonsense costs time, never a sample.
   new sessions go to the active engine with the fewest requests in flight.
 - Health: every engine's `/health` is polled; `failure_threshold` consecutive failures (polls or
   failed requests) take it out of rotation. Launched engines are restarted, brought to the
-  current weights, checked with `/health_generate` and put back; external ones come back when
-  they answer again. Every transition is logged and counted.
+  current weights, checked with `/health_generate` and put back (under the weight-sync lock,
+  so that no push passes a restarting engine by); external ones come back when they answer
+  again. Every transition is logged and counted.
 - Retries: a connection error, a timeout, a 5xx or an invalid reply is retried on another active
   engine, resuming from the tokens already generated (prompt + partial output as the new input,
   the remaining budget, ids and log-probs concatenated), up to `max_attempts`; 4xx replies are
@@ -362,13 +363,7 @@ class EnginePool:
         ready_s = float(getattr(member.launcher, "ready_timeout_s", 0.0))
         member.restart_deadline = time.monotonic() + STOP_GRACE_S + ready_s
         try:
-            if self.weight_version and self.weights_path is None and self.adapter_files is None:
-                log.error(
-                    "engine %s cannot be restarted at v%d: those weights were pushed in "
-                    "process only; it stays out of rotation",
-                    member.name,
-                    self.weight_version,
-                )
+            if self._pushed_in_process_only(member):
                 return
             while True:
                 try:
@@ -377,24 +372,47 @@ class EnginePool:
                     if isinstance(member.engine, EngineClient):
                         await member.engine.close()
                     member.engine = self.client(url)
-                    if self.weights_path is not None:
-                        await from_disk(member, self.weights_path, self.weight_version)
-                    if self.adapter_files is not None:  # on the base it restarted with
-                        await load_adapter_files(member, self.adapter_files, self.weight_version)
-                    member.weight_version = self.weight_version
-                    if not await member.engine.health_generate():
-                        raise RuntimeError("health_generate failed")
+                    # Under the sync lock: a push that lands while the engine loads would skip
+                    # it (not active yet) and leave it serving the weights before that push.
+                    async with self._update_lock:
+                        if self._pushed_in_process_only(member):
+                            await member.launcher.stop()
+                            return
+                        async with asyncio.timeout(self.config.update_timeout_s):
+                            await self._bring_to_current_weights(member)
+                        member.active, member.failures = True, 0
                     break
                 except Exception as e:
                     log.warning("restarting engine %s failed (%s); trying again", member.name, e)
                     await asyncio.sleep(self.config.health_interval_s)
-            member.active, member.failures = True, 0
             member.last_ok = time.monotonic()
             self.counters["restarts"] += 1
             log.info("engine %s restarted at %s and back in rotation", member.name, url)
             self._changed.set()
         finally:
             member.restarting = False
+
+    def _pushed_in_process_only(self, member: Member) -> bool:
+        """Whether the current weights exist in no file a restarted engine could load (logged)."""
+        if self.weight_version and self.weights_path is None and self.adapter_files is None:
+            log.error(
+                "engine %s cannot be restarted at v%d: those weights were pushed in "
+                "process only; it stays out of rotation",
+                member.name,
+                self.weight_version,
+            )
+            return True
+        return False
+
+    async def _bring_to_current_weights(self, member: Member) -> None:
+        """Load the pool's current weights into a restarted engine and check it generates."""
+        if self.weights_path is not None:
+            await from_disk(member, self.weights_path, self.weight_version)
+        if self.adapter_files is not None:  # on the base it restarted with
+            await load_adapter_files(member, self.adapter_files, self.weight_version)
+        member.weight_version = self.weight_version
+        if not await member.engine.health_generate():
+            raise RuntimeError("health_generate failed")
 
     # ------------------------------------------------------------------ weight sync
 
