@@ -140,13 +140,18 @@ async def test_a_forced_call_cut_by_max_tokens_is_a_call_in_progress(
         assert got["finish"] == ("length" if api == "chat" else "incomplete")
 
 
+@pytest.mark.parametrize(
+    "sampled_arguments",
+    ['{"city": "Par', '"Par', '"Paris" "country'],
+    ids=["object", "string", "not-an-object"],  # the last was a 400 in a calculator run
+)
 async def test_a_sampled_call_cut_by_max_tokens_and_echoed_back_continues(
-    fake_engine, make_gateway
+    fake_engine, make_gateway, sampled_arguments: str
 ) -> None:
     fake, engine_client = fake_engine
     gw = await make_gateway(engine_client)
     session = await gw.open_session()
-    cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par'
+    cut = '<tool_call>\n{"name": "get_weather", "arguments": ' + sampled_arguments
     fake.say(cut, "Sunny.")
     budget = len(fake.tokenizer(cut, add_special_tokens=False)["input_ids"])  # no end token
     async with oai(session) as client:
@@ -157,7 +162,7 @@ async def test_a_sampled_call_cut_by_max_tokens_and_echoed_back_continues(
         (call,) = choice.message.tool_calls or []
         assert choice.finish_reason == "length" and choice.message.content is None
         arguments = call.function.arguments  # type: ignore[union-attr]
-        assert arguments.startswith("{") and not arguments.endswith("}")
+        assert arguments == sampled_arguments  # as sampled, whatever it is
         # the agent echoes the cut call back as it got it, with a result
         messages = [
             *QUESTION,

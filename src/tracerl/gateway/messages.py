@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pydantic_core
+from tracerl.formats.base import partial_arguments
 
 
 class BadRequest(ValueError):
@@ -59,20 +59,19 @@ def _text_parts(content: Any, param: str, kinds: dict[str, str] = CHAT_PARTS) ->
 
 
 def call_arguments(raw: Any, param: str) -> dict[str, Any]:
+    """A call's arguments: an object, or its JSON text. Text that is not a whole object is a
+    call its budget cut, echoed back as it was returned: read as far as it goes, as the reply
+    was (`partial_arguments`: {} when not even that is an object, e.g. a cut `"arguments":
+    "12 + 3"`), so that every call the gateway returns can come back."""
     if isinstance(raw, dict):
         return raw
     if isinstance(raw, str):
         try:
             value = json.loads(raw) if raw.strip() else {}
         except json.JSONDecodeError:
-            # a call its budget cut, echoed back as it was returned: read as far as it goes
-            try:
-                value = pydantic_core.from_json(raw, allow_partial=True)
-            except ValueError:
-                raise BadRequest(param, "tool call arguments are not valid JSON") from None
-        if isinstance(value, dict):
-            return value
-    raise BadRequest(param, "tool call arguments must be a JSON object")
+            return partial_arguments(raw)
+        return value if isinstance(value, dict) else partial_arguments(raw)
+    raise BadRequest(param, "tool call arguments must be a JSON object or its text")
 
 
 def openai_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
