@@ -163,7 +163,9 @@ def test_openai_and_anthropic_messages_normalise_alike() -> None:
                     {
                         "role": "assistant",
                         "content": "",
-                        "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}],
+                        # text is read as far as it goes (a cut call echoed back); a list is
+                        # neither an object nor its text
+                        "tool_calls": [{"function": {"name": "f", "arguments": [1, 2]}}],
                     }
                 ]
             },
