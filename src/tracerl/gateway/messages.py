@@ -70,7 +70,7 @@ def call_arguments(raw: Any, param: str) -> dict[str, Any]:
             value = json.loads(raw) if raw.strip() else {}
         except json.JSONDecodeError:
             return partial_arguments(raw)
-        return value if isinstance(value, dict) else partial_arguments(raw)
+        return value if isinstance(value, dict) else {}  # whole, yet no object
     raise BadRequest(param, "tool call arguments must be a JSON object or its text")
 
 
