@@ -6,22 +6,27 @@ every system trains SmolLM2-135M-Instruct on the same train prompts with the sam
 budget (`--minutes`, from its process's start: imports and model loading are charged):
 
 - `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config, as a user runs it, with
-  `loop.max_minutes` as the budget (its periodic greedy evals, through its own engine, are
-  charged to its budget);
+  `loop.max_minutes` as the budget, no eval of its own and a checkpoint every `--eval-every`
+  steps (their writes charged); `tracerl train` overrides given to the command
+  (`--trainer.autocast=bfloat16`) apply to these runs, and each run's line records them;
 - `trl`: TRL's `GRPOTrainer` (`learn_trl`, loss `dapo`, beta 0), its periodic evals not charged.
 
 The judge is one function for all: greedy accuracy on 200 held-out prompts (disjoint from the
-train prompts) with plain HF `generate`, on the base model (before) and on each run's final
-weights (after). One JSON line per run, then the summary: per system and task, mean / worst /
-best accuracy after and steps; the ratios against TRL; the targets and `target_met`. The curves
+train prompts) with plain HF `generate`, on the base model (before), in TRL's process on its
+weights every third of the budget and at the end (its time left out of TRL's budget), and
+after each tracerl run on every checkpoint it saved (its curve; the last is its score): no
+system's evals are charged. One JSON line per run, then the summary: per system and task,
+mean / worst / best accuracy after and steps; the ratios against TRL; on each seed the minutes
+tracerl took to reach TRL's final accuracy; the targets and `target_met`. The curves
 (held-out accuracy against minutes) are drawn to `WORK_DIR/learn_curves.png` (as `tracerl
 plot WORK_DIR` draws them). `--first-seed N` runs seeds N.. (a later seed alone), and
 `--include WORK_DIR` adds an earlier run's `runs.jsonl` to the summary: the same budget and
 settings are the caller's to keep; a run that would be counted twice is refused.
 
-Targets (issue 12), on each task over the seeds run: tracerl-grpo's mean >= 1.3x TRL's mean, its
-worst seed >= TRL's worst, its steps >= 1.5x TRL's; tracerl-ppo's mean >= TRL's mean. It needs
-the `bench` extra (`trl`); nothing in the package imports TRL otherwise.
+Targets, on each task over the seeds run (issue 12): tracerl-grpo's mean >= 1.3x TRL's mean,
+its worst seed >= TRL's worst, its steps >= 1.5x TRL's; tracerl-ppo's mean >= TRL's mean; and
+(issue 29) tracerl-grpo reaching TRL's final accuracy within half the budget on every seed. It
+needs the `bench` extra (`trl`); nothing in the package imports TRL otherwise.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -57,16 +63,18 @@ def tracerl_config(
     heldout: Path,
     seed: int,
     minutes: float,
-    eval_every: int,
+    checkpoint_every: int,
     engine: str = "",
 ) -> str:
-    """The `tracerl train` config of one run: the issue's settings, nothing tuned per task;
+    """The `tracerl train` config of one run: the issue's settings, nothing tuned per task; no
+    eval of its own, a checkpoint every `checkpoint_every` steps, all kept for the judge;
     `engine`: extra `[engine]` lines (another backend)."""
     return train_config(
         model="smollm2-135m", algorithm=algorithm, seed=seed, lr=LR, token_budget=4096,
         env='name = "arithmetic"', max_tokens=DEFAULT_MAX_NEW_TOKENS, train=train,
         heldout=heldout, batch_size=PROMPTS_PER_STEP * GROUP_SIZE, group_size=GROUP_SIZE,
-        steps=100000, minutes=minutes, eval_every=eval_every,
+        steps=100000, minutes=minutes, eval_every=0, checkpoint_every=checkpoint_every,
+        keep_last_n=10_000,
         engine=f"kv_cache_tokens = 16384\nmax_running_requests = 64\nmax_model_len = 512\n{engine}",
     )  # fmt: skip
 
@@ -76,11 +84,13 @@ def run_tracerl(
     task_dir: Path,
     seed: int,
     minutes: float,
-    eval_every: int,
+    checkpoint_every: int,
+    overrides: list[str],
     vllm_python: str | None = None,
 ) -> dict[str, Any]:
-    """One `tracerl train` process; its steps, curve, and the judge on its final checkpoint.
-    With `vllm_python`, vLLM generates (the system is then `tracerl-ALGORITHM-vllm`)."""
+    """One `tracerl train` process with the config `overrides`; its steps, and the judge on
+    every checkpoint it saved, after it (its curve; the last one is its score). With
+    `vllm_python`, vLLM generates (the system is then `tracerl-ALGORITHM-vllm`)."""
     system = f"tracerl-{algorithm}" + ("-vllm" if vllm_python else "")
     run_dir = task_dir / f"{system}-seed{seed}"
     config = task_dir / f"{system}-seed{seed}.toml"
@@ -88,21 +98,26 @@ def run_tracerl(
     config.write_text(
         tracerl_config(
             algorithm, (task_dir / "train.jsonl").resolve(),
-            (task_dir / "heldout.jsonl").resolve(), seed, minutes, eval_every, engine,
+            (task_dir / "heldout.jsonl").resolve(), seed, minutes, checkpoint_every, engine,
         )
     )  # fmt: skip
-    wall = learn_agents.train(config, run_dir, minutes * 60 + OVERRUN_S)
-    judged = judge_checkpoint(run_dir, task_dir)
-    return learn_agents.run_record(run_dir, system, seed, judged, wall)
+    extra = (f"--{o}" for o in overrides)
+    wall = learn_agents.train(config, run_dir, minutes * 60 + OVERRUN_S, *extra)
+    curve = [
+        [at, judge_checkpoint(run_dir, task_dir, step)]
+        for at, step in learn_agents.saved_steps(run_dir)
+    ]
+    shutil.rmtree(run_dir / "checkpoints")  # judged: weights and optimizer state, GBs
+    return learn_agents.run_record(run_dir, system, seed, curve, wall, overrides)
 
 
-def judge_checkpoint(run_dir: Path, task_dir: Path) -> float:
-    """Greedy held-out accuracy of the actor of `run_dir`'s newest checkpoint (read as `tracerl
-    export` reads it, whichever checkpoint format the run wrote)."""
+def judge_checkpoint(run_dir: Path, task_dir: Path, step: int | None = None) -> float:
+    """Greedy held-out accuracy of the actor of `run_dir`'s checkpoint `step` (None: the
+    newest), read as `tracerl export` reads it, whichever checkpoint format the run wrote."""
     from tracerl.bench.learn_tasks import greedy_accuracy
     from tracerl.train.export import checkpoint_actor
 
-    model, tokenizer, _ = checkpoint_actor(run_dir)
+    model, tokenizer, _ = checkpoint_actor(run_dir, step)
     return greedy_accuracy(model, tokenizer, read_jsonl(task_dir / "heldout.jsonl"))
 
 
@@ -136,8 +151,9 @@ def write_task_files(task_dir: Path, task: str) -> list[dict[str, Any]]:
     return heldout
 
 
-def summarise(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
-    """Per task and system: accuracy mean / worst / best, steps; ratios and targets vs TRL."""
+def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> dict[str, Any]:
+    """Per task and system: accuracy mean / worst / best, steps; ratios and targets vs TRL, with
+    the minutes tracerl-grpo took on each seed to reach TRL's final accuracy on that seed."""
     summary: dict[str, Any] = {"tasks": {}}
     met = True
     for task in tasks:
@@ -153,11 +169,25 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str]) -> dict[str, Any]:
         if trl and grpo:
             ratio = grpo["accuracy_mean"] / max(trl["accuracy_mean"], 1e-9)
             steps = grpo["steps_mean"] / max(trl["steps_mean"], 1e-9)
-            entry["grpo_vs_trl"] = {"accuracy_mean_ratio": ratio, "steps_ratio": steps}
+            trl_final = {
+                r["seed"]: r["accuracy_after"]
+                for r in runs
+                if r["task"] == task and r["system"] == "trl"
+            }
+            reach = {
+                r["seed"]: learn_agents.minutes_to_reach(r["curve"], trl_final[r["seed"]])
+                for r in runs
+                if r["task"] == task and r["system"] == "tracerl-grpo" and r["seed"] in trl_final
+            }
+            entry["grpo_vs_trl"] = {
+                "accuracy_mean_ratio": ratio, "steps_ratio": steps, "minutes_to_trl_final": reach,
+            }  # fmt: skip
             targets = {
                 "grpo_mean_ge_1.3x_trl": ratio >= 1.3,
                 "grpo_worst_ge_trl_worst": grpo["accuracy_worst"] >= trl["accuracy_worst"],
                 "grpo_steps_ge_1.5x_trl": steps >= 1.5,
+                "grpo_reaches_trl_final_in_half_budget": bool(reach)
+                and all(at is not None and at <= minutes / 2 for at in reach.values()),
             }
             if ppo:
                 targets["ppo_mean_ge_trl_mean"] = ppo["accuracy_mean"] >= trl["accuracy_mean"]
@@ -178,6 +208,37 @@ def read_included(work_dir: Path, tasks: list[str]) -> list[dict[str, Any]]:
     except (OSError, ValueError) as e:
         raise SystemExit(f"bench learn: --include {work_dir}: cannot read {path}: {e}") from e
     return [r for r in runs if r.get("task") in tasks]
+
+
+def check_overrides(
+    overrides: list[str], included: list[dict[str, Any]], planned: set[tuple[str, str, int]]
+) -> None:
+    """Before any training: the `tracerl train` overrides must be ones a config takes (checked on
+    a generated config), and one system's runs on a task, included or `planned`, must share
+    their overrides, or the summary would pool two settings as one system's seeds."""
+    if overrides:
+        import tomllib
+
+        from tracerl.config import ConfigError, TrainCommandConfig, load_config
+
+        generated = tomllib.loads(tracerl_config("grpo", Path("t"), Path("h"), 0, 15.0, 20))
+        try:
+            load_config(TrainCommandConfig, None, overrides, generated)
+        except ConfigError as e:
+            raise SystemExit(f"bench learn: the tracerl overrides: {e}") from None
+    # runs from before the overrides were recorded ran with none
+    runs = [(r["task"], r["system"], r["seed"], r.get("overrides", [])) for r in included]
+    runs += [(task, system, seed, overrides) for task, system, seed in sorted(planned)]
+    settings: dict[tuple[str, str], tuple[str, list[str]]] = {}
+    for task, system, seed, given in runs:
+        if system == "trl":  # the overrides are tracerl's
+            continue
+        first = settings.setdefault((task, system), (f"seed{seed}", given))
+        if first[1] != given:
+            raise SystemExit(
+                f"bench learn: {task}/{system} ran {first[0]} with overrides {first[1]} and "
+                f"seed{seed} with {given}: one system's seeds must share their settings"
+            )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -226,6 +287,8 @@ def main(args: argparse.Namespace) -> int:
             "bench learn: --include holds runs this summary would count twice: "
             + ", ".join(f"{task}/{system}/seed{seed}" for task, system, seed in repeated)
         )
+    overrides: list[str] = getattr(args, "overrides", [])
+    check_overrides(overrides, included, planned)
     if agent_tasks and args.backend != "local":
         raise SystemExit("bench learn: the agentic tasks (calculator, guess) run --backend local")
     vllm_python = None
@@ -252,8 +315,9 @@ def main(args: argparse.Namespace) -> int:
                 else:
                     algorithm = system.removeprefix("tracerl-")
                     result = run_tracerl(
-                        algorithm, task_dir, seed, args.minutes, args.eval_every, vllm_python
-                    )
+                        algorithm, task_dir, seed, args.minutes, args.eval_every, overrides,
+                        vllm_python,
+                    )  # fmt: skip
                 result.update(task=task, accuracy_before=before)
                 runs.append(result)
                 print(json.dumps(result), flush=True)
@@ -262,7 +326,7 @@ def main(args: argparse.Namespace) -> int:
         run
         for task in agent_tasks
         for run in learn_agents.run_task(
-            task, work, systems, seeds_run, args.minutes, args.agent_checkpoint_every
+            task, work, systems, seeds_run, args.minutes, args.agent_checkpoint_every, overrides
         )
     ]
     runs += agent_runs
@@ -270,7 +334,7 @@ def main(args: argparse.Namespace) -> int:
     plot_learn(work)
     summary: dict[str, Any] = {"tasks": {}, "target_met": True}
     if tasks:
-        summary = summarise(included + runs, tasks)
+        summary = summarise(included + runs, tasks, args.minutes)
     if agent_tasks:
         agents = learn_agents.summarise(included + agent_runs, agent_tasks, args.minutes)
         summary["tasks"].update(agents["tasks"])
@@ -279,6 +343,7 @@ def main(args: argparse.Namespace) -> int:
     summary.update(
         minutes=args.minutes, seeds=args.seeds, work_dir=str(work), included=args.include,
         runs_summarised=[f"{task}/{system}/seed{seed}" for task, system, seed in seeds],
+        overrides=overrides,
     )  # fmt: skip
     print(json.dumps(summary), flush=True)
     return 0

@@ -176,40 +176,52 @@ def run_config(
 
 
 def run_tracerl(
-    task: str, task_dir: Path, start: Path, system: str, seed: int, minutes: float, every: int
+    task: str,
+    task_dir: Path,
+    start: Path,
+    system: str,
+    seed: int,
+    minutes: float,
+    every: int,
+    overrides: list[str],
 ) -> dict[str, Any]:
     """One `tracerl train` run of `system` (`tracerl-ALGORITHM[-signal]`) from `start`, with no
-    eval of its own and a checkpoint every `every` steps; then the judge on the checkpoints
-    nearest a third and two thirds of the budget and on the last one (the points TRL's
-    snapshots give), as its curve."""
+    eval of its own, a checkpoint every `every` steps and the config `overrides`; then the judge
+    on the checkpoints nearest a third and two thirds of the budget and on the last one (the
+    points TRL's snapshots give), as its curve."""
     run_dir = task_dir / f"{system}-seed{seed}"
     path = task_dir / f"{run_dir.name}.toml"
     path.write_text(run_config(task, task_dir, start, system, seed, minutes, every))
-    wall = train(path, run_dir, minutes * 60 + OVERRUN_S)
+    wall = train(path, run_dir, minutes * 60 + OVERRUN_S, *(f"--{o}" for o in overrides))
     curve = [
         [at, judge_step(task, task_dir, run_dir, step)]
         for at, step in judged_steps(run_dir, minutes)
     ]
     shutil.rmtree(run_dir / "checkpoints")  # weights and optimizer state, a few GB
-    record = run_record(run_dir, system, seed, curve[-1][1], wall)
-    record.update(curve=curve)
-    return record
+    return run_record(run_dir, system, seed, curve, wall, overrides)
 
 
-def judged_steps(run_dir: Path, minutes: float) -> list[tuple[float, int]]:
-    """(minutes from process start, step) of the checkpoints the judge scores: the ones saved
-    nearest `minutes` / 3 and 2 * `minutes` / 3, and the last."""
+def saved_steps(run_dir: Path) -> list[tuple[float, int]]:
+    """(minutes from process start at the step's end, step) of each of `run_dir`'s checkpoints
+    of a logged step, oldest first."""
     elapsed = {
         int(r["step"]): r["time/elapsed_s"] / 60
         for r in read_metrics(run_dir / "metrics.jsonl")
         if "rollout/reward_mean" in r
     }
     saved = [int(p.name[len(PREFIX) :]) for p in list_checkpoints(run_dir / "checkpoints")]
-    saved = [step for step in saved if step in elapsed]
-    if not saved:
+    found = [(elapsed[step], step) for step in saved if step in elapsed]
+    if not found:
         raise RuntimeError(f"{run_dir}: no checkpoint of a logged step to judge")
-    chosen = {min(saved, key=lambda s: abs(elapsed[s] - minutes * k / 3)) for k in (1, 2)}
-    return [(elapsed[step], step) for step in sorted(chosen | {saved[-1]})]
+    return found
+
+
+def judged_steps(run_dir: Path, minutes: float) -> list[tuple[float, int]]:
+    """(minutes from process start, step) of the checkpoints the judge scores: the ones saved
+    nearest `minutes` / 3 and 2 * `minutes` / 3, and the last."""
+    saved = saved_steps(run_dir)
+    chosen = {min(saved, key=lambda point: abs(point[0] - minutes * k / 3)) for k in (1, 2)}
+    return sorted(chosen | {saved[-1]})
 
 
 def judge_step(task: str, task_dir: Path, run_dir: Path, step: int) -> float:
@@ -224,23 +236,27 @@ def judge_step(task: str, task_dir: Path, run_dir: Path, step: int) -> float:
 
 
 def run_record(
-    run_dir: Path, system: str, seed: int, accuracy_after: float, wall_s: float
+    run_dir: Path,
+    system: str,
+    seed: int,
+    curve: list[list[float]],
+    wall_s: float,
+    overrides: list[str],
 ) -> dict[str, Any]:
-    """A finished `tracerl train` run's line in runs.jsonl: its steps, its own evals as the
-    curve (minutes from process start, charged), its training rewards, and the judge's score."""
-    records = read_metrics(run_dir / "metrics.jsonl")
-    steps = [r for r in records if "rollout/reward_mean" in r]
-    evals = [r for r in records if "eval/accuracy" in r]
+    """A finished `tracerl train` run's line in runs.jsonl: its steps, the judge's `curve`
+    ([minutes from process start, score] of judged checkpoints, the last one's its score), its
+    training rewards, and the config `overrides` it ran with."""
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "rollout/reward_mean" in r]
     return {
         "system": system,
         "seed": seed,
         "steps": len(steps),
-        "accuracy_after": accuracy_after,
-        "own_eval_after": evals[-1]["eval/accuracy"] if evals else None,
-        "curve": [[r["time/elapsed_s"] / 60, r["eval/accuracy"]] for r in evals],
+        "accuracy_after": curve[-1][1],
+        "curve": curve,
         "train_reward": [r["rollout/reward_mean"] for r in steps],
         "prompts_skipped": steps[-1].get("rollout/prompts_skipped") if steps else None,
         "wall_s": wall_s,
+        "overrides": overrides,
     }
 
 
@@ -343,10 +359,17 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
 
 
 def run_task(
-    task: str, work: Path, systems: list[str], seeds: range, minutes: float, every: int
+    task: str,
+    work: Path,
+    systems: list[str],
+    seeds: range,
+    minutes: float,
+    every: int,
+    overrides: list[str],
 ) -> list[dict[str, Any]]:
-    """Prepare `task`'s start checkpoint, then every system and seed from it; one JSON line per
-    run on stdout, all of them in WORK_DIR/runs.jsonl."""
+    """Prepare `task`'s start checkpoint, then every system and seed from it (the tracerl runs
+    with the config `overrides`); one JSON line per run on stdout, all of them in
+    WORK_DIR/runs.jsonl."""
     task_dir = work / task
     task_dir.mkdir()
     start, before = prepare(task, task_dir)  # its eval is the judge's on the export
@@ -357,7 +380,7 @@ def run_task(
             if system == "trl":
                 result = run_trl(task, task_dir, start, seed, minutes)
             else:
-                result = run_tracerl(task, task_dir, start, system, seed, minutes, every)
+                result = run_tracerl(task, task_dir, start, system, seed, minutes, every, overrides)
             result.update(task=task, accuracy_before=before)
             runs.append(result)
             print(json.dumps(result), flush=True)

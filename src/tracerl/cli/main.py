@@ -179,8 +179,12 @@ def _cmd_cluster(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace, overrides: list[str]) -> int:
-    if overrides:
-        raise ConfigError(f"bench takes no overrides, got {overrides}")
+    if overrides and args.name != "learn":
+        raise ConfigError(
+            f"bench {args.name} takes no overrides, got {overrides} (only bench learn does: "
+            "they apply to its tracerl runs)"
+        )
+    args.overrides = overrides
     from tracerl.bench import run_benchmark
 
     return run_benchmark(args.name, args)
@@ -327,7 +331,11 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_status.add_argument("run_dir", help="a run directory (written while the run goes)")
     cluster_status.set_defaults(func=_cmd_cluster)
 
-    bench = sub.add_parser("bench", help="run a benchmark; the last line is one JSON object")
+    bench = sub.add_parser(
+        "bench", help="run a benchmark; the last line is one JSON object",
+        epilog="bench learn also takes `tracerl train` overrides (--trainer.autocast=bfloat16): "
+        "they apply to its tracerl runs, not to the start checkpoint or the judge",
+    )  # fmt: skip
     bench.add_argument("name", choices=list(BENCHMARKS))
     bench.add_argument("--model", default="smollm2-135m", help="model to benchmark")
     bench.add_argument(
@@ -395,7 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--systems", default="tracerl-grpo,tracerl-ppo,trl", help="learn: systems to run"
     )
-    bench.add_argument("--eval-every", type=int, default=20, help="learn: tracerl eval interval")
+    bench.add_argument(
+        "--eval-every", type=int, default=20,
+        help="learn: steps between the tracerl checkpoints judged on hard and medium (after the "
+        "run, not charged)",
+    )  # fmt: skip
     bench.add_argument(
         "--agent-checkpoint-every", type=int, default=3,
         help="learn: tracerl checkpoint interval (steps) on calculator and guess (judged after)",

@@ -36,33 +36,53 @@ def test_the_generated_tracerl_config_is_the_issue_s_settings(
     assert config.orchestrator.batch_size == 32 and config.orchestrator.group_size == 8
     assert config.env.sampling.max_tokens == 12 and config.env.sampling.temperature == 1.0
     assert config.loop.max_minutes == 15 and config.loop.seed == 2 and config.trainer.seed == 2
-    assert config.eval.sampling.temperature == 0  # greedy, like the judge
+    # no eval of its own (charged to its budget, where TRL's are not): every checkpoint kept
+    # for the judge instead
+    assert config.eval.every == 0
+    assert config.loop.checkpoint_every == 20 and config.trainer.keep_last_n >= 1000
 
 
-def run(system: str, seed: int, accuracy: float, steps: int, task: str = "hard") -> dict:
+def run(
+    system: str,
+    seed: int,
+    accuracy: float,
+    steps: int,
+    task: str = "hard",
+    curve: list | None = None,
+) -> dict:
     return {"system": system, "seed": seed, "accuracy_after": accuracy, "steps": steps,
-            "task": task}  # fmt: skip
+            "task": task, "curve": curve or [[15.0, accuracy]]}  # fmt: skip
 
 
 def test_targets_compare_means_worst_seeds_and_steps_with_trl() -> None:
     runs = [
         run("trl", 0, 0.58, 90), run("trl", 1, 0.015, 103),
-        run("tracerl-grpo", 0, 0.60, 200), run("tracerl-grpo", 1, 0.30, 180),
+        run("tracerl-grpo", 0, 0.60, 200, curve=[[3.0, 0.4], [6.5, 0.58], [15.0, 0.6]]),
+        run("tracerl-grpo", 1, 0.30, 180, curve=[[3.0, 0.01], [7.0, 0.2], [15.0, 0.3]]),
         run("tracerl-ppo", 0, 0.20, 150), run("tracerl-ppo", 1, 0.20, 150),
     ]  # fmt: skip
-    summary = summarise(runs, ["hard"])
+    summary = summarise(runs, ["hard"], 15.0)
     hard = summary["tasks"]["hard"]
     assert hard["systems"]["trl"]["accuracy_worst"] == 0.015
     assert hard["grpo_vs_trl"]["accuracy_mean_ratio"] == pytest.approx(0.45 / 0.2975)
+    # the first judged point at or above TRL's final on the same seed
+    assert hard["grpo_vs_trl"]["minutes_to_trl_final"] == {0: 6.5, 1: 7.0}
     assert hard["targets"] == {
         "grpo_mean_ge_1.3x_trl": True,
         "grpo_worst_ge_trl_worst": True,
         "grpo_steps_ge_1.5x_trl": True,
+        "grpo_reaches_trl_final_in_half_budget": True,  # 6.5 and 7.0 <= 7.5
         "ppo_mean_ge_trl_mean": False,  # 0.20 < 0.2975
     }
     assert summary["target_met"] is False
+    late = summarise(runs, ["hard"], 13.0)["tasks"]["hard"]  # half of it: 6.5, seed 1 late
+    assert late["targets"]["grpo_reaches_trl_final_in_half_budget"] is False
+    never = [*runs[:2], run("tracerl-grpo", 0, 0.5, 200), run("tracerl-grpo", 1, 0.3, 180)]
+    summary = summarise(never, ["hard"], 15.0)["tasks"]["hard"]
+    assert summary["grpo_vs_trl"]["minutes_to_trl_final"] == {0: None, 1: 15.0}
+    assert summary["targets"]["grpo_reaches_trl_final_in_half_budget"] is False
     # a task with no TRL run cannot meet its targets
-    assert summarise([run("tracerl-grpo", 0, 1.0, 10)], ["hard"])["target_met"] is False
+    assert summarise([run("tracerl-grpo", 0, 1.0, 10)], ["hard"], 15.0)["target_met"] is False
 
 
 def test_included_runs_are_checked_before_any_training(tmp_path: Path) -> None:
@@ -116,3 +136,82 @@ def test_the_judge_reads_the_checkpoint_a_run_writes(tmp_path: Path) -> None:
     _, heldout = split_tasks("medium", 20, 4, seed=0)
     write_jsonl(tmp_path / "heldout.jsonl", heldout)
     assert 0.0 <= judge_checkpoint(run_dir, tmp_path) <= 1.0
+
+
+def test_overrides_are_checked_before_any_training(tmp_path: Path, capsys) -> None:
+    """`tracerl train` overrides given to `bench learn` apply to its tracerl runs: a key no config
+    takes, or a setting that differs from an included run of the same system, stops the
+    benchmark before it writes anything; other benchmarks refuse overrides."""
+    import json
+
+    from tracerl.bench import learn
+    from tracerl.cli.main import main
+
+    work = tmp_path / "work"
+    argv = ["bench", "learn", "--tasks", "hard", "--systems", "tracerl-grpo", "--seeds", "1"]
+    with pytest.raises(SystemExit, match="trainer.no_such: unknown key"):
+        main([*argv, "--work-dir", str(work), "--trainer.no_such=1"])
+    assert not work.exists()
+    assert main(["bench", "gateway", "--trainer.autocast=bfloat16"]) == 2
+    assert "only bench learn" in capsys.readouterr().err
+
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    plain = {**run("tracerl-grpo", 0, 0.6, 90), "overrides": []}
+    (earlier / "runs.jsonl").write_text(json.dumps(plain) + "\n")
+    with pytest.raises(SystemExit, match="hard/tracerl-grpo ran seed0 with overrides \\[\\]"):
+        main([*argv, "--first-seed", "1", "--include", str(earlier), "--work-dir", str(work),
+              "--trainer.autocast=bfloat16"])  # fmt: skip
+    assert not work.exists()
+    # TRL's runs take no overrides; the same setting, or a system not run again, passes
+    bf16 = ["trainer.autocast=bfloat16"]
+    learn.check_overrides(bf16, [run("trl", 0, 0.5, 40)], {("hard", "tracerl-grpo", 0)})
+    learn.check_overrides([], [plain], {("hard", "tracerl-grpo", 1)})
+    learn.check_overrides(bf16, [plain], {("hard", "tracerl-ppo", 1)})
+    with pytest.raises(SystemExit, match="seed0 with overrides \\[\\] and seed1"):
+        learn.check_overrides([], [plain, {**plain, "seed": 1, "overrides": bf16}], set())
+
+
+def test_a_tracerl_run_is_judged_on_every_checkpoint_it_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No eval in the run (charged to its budget, where TRL's evals are not): after it, the
+    judge scores each checkpoint at the minute its step ended; the last point is the run's
+    score, the overrides reach `tracerl train`, and the judged checkpoints are removed."""
+    import json
+
+    from tracerl.bench import learn, learn_agents
+    from tracerl.train.checkpoint import MANIFEST, PREFIX
+
+    task_dir = tmp_path / "hard"
+    task_dir.mkdir()
+    launched: list[tuple[str, ...]] = []
+
+    def fake_train(config: Path, run_dir: Path, timeout_s: float, *extra: str) -> float:
+        launched.append(extra)
+        assert load_config(TrainCommandConfig, config).eval.every == 0
+        run_dir.mkdir()
+        rows = [{"step": s, "rollout/reward_mean": 0.1, "time/elapsed_s": 30.0 * s}
+                for s in range(1, 48)]  # fmt: skip
+        rows.insert(20, {"step": 20, "system/cpu": 1.0, "time/elapsed_s": 9999.0})
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for step in (20, 40, 47):
+            (run_dir / "checkpoints" / f"{PREFIX}{step}").mkdir(parents=True)
+            (run_dir / "checkpoints" / f"{PREFIX}{step}" / MANIFEST).write_text("{}")
+        return 1400.0
+
+    judged: list[int | None] = []
+
+    def fake_judge(run_dir: Path, task: Path, step: int | None = None) -> float:
+        judged.append(step)
+        return {20: 0.5, 40: 0.75, 47: 0.7}[step or 0]
+
+    monkeypatch.setattr(learn_agents, "train", fake_train)
+    monkeypatch.setattr(learn, "judge_checkpoint", fake_judge)
+    record = learn.run_tracerl("grpo", task_dir, 1, 15.0, 20, ["trainer.autocast=bfloat16"])
+    assert launched == [("--trainer.autocast=bfloat16",)]
+    assert judged == [20, 40, 47]
+    assert record["curve"] == [[10.0, 0.5], [20.0, 0.75], [23.5, 0.7]]
+    assert record["accuracy_after"] == 0.7 and record["steps"] == 47
+    assert record["overrides"] == ["trainer.autocast=bfloat16"]
+    assert not (task_dir / "tracerl-grpo-seed1" / "checkpoints").exists()
