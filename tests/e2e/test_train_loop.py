@@ -75,6 +75,8 @@ async def test_grpo_steps_record_traces_checkpoint_and_resume(tmp_path: Path) ->
         assert 0 <= record["concurrency/offpolicy_mean"] <= record["concurrency/offpolicy_max"]
         # this process's memory (the tiny model's engine and trainer are in it)
         assert 0.05 < record["memory/rss_gib"] < record["memory/rss_peak_gib"] + 0.01 < 24
+        # a checkpoint every step (the default): each step's record says what its write took
+        assert record["time/checkpoint_s"] > 0
     assert (run_dir / "checkpoints" / "step_00000002").is_dir()
     recorded = sessions(run_dir)
     assert recorded >= 16  # two steps of 8 episodes, each a gateway session

@@ -63,18 +63,18 @@ def tracerl_config(
     heldout: Path,
     seed: int,
     minutes: float,
-    checkpoint_every: int,
+    checkpoint_every: int | None = None,
     engine: str = "",
 ) -> str:
     """The `tracerl train` config of one run: the issue's settings, nothing tuned per task; no
-    eval of its own, a checkpoint every `checkpoint_every` steps, all kept for the judge;
-    `engine`: extra `[engine]` lines (another backend)."""
+    eval of its own; a checkpoint every `checkpoint_every` steps, all kept for the judge (None:
+    one at the end); `engine`: extra `[engine]` lines (another backend)."""
     return train_config(
         model="smollm2-135m", algorithm=algorithm, seed=seed, lr=LR, token_budget=4096,
         env='name = "arithmetic"', max_tokens=DEFAULT_MAX_NEW_TOKENS, train=train,
         heldout=heldout, batch_size=PROMPTS_PER_STEP * GROUP_SIZE, group_size=GROUP_SIZE,
-        steps=100000, minutes=minutes, eval_every=0, checkpoint_every=checkpoint_every,
-        keep_last_n=10_000,
+        steps=100000, minutes=minutes, eval_every=0,
+        checkpoint_every=checkpoint_every or 100_000, keep_last_n=10_000 if checkpoint_every else 2,
         engine=f"kv_cache_tokens = 16384\nmax_running_requests = 64\nmax_model_len = 512\n{engine}",
     )  # fmt: skip
 

@@ -202,13 +202,15 @@ def run_tracerl(
 
 
 def saved_steps(run_dir: Path) -> list[tuple[float, int]]:
-    """(minutes from process start at the step's end, step) of each of `run_dir`'s checkpoints
-    of a logged step, oldest first."""
-    elapsed = {
-        int(r["step"]): r["time/elapsed_s"] / 60
-        for r in read_metrics(run_dir / "metrics.jsonl")
-        if "rollout/reward_mean" in r
-    }
+    """(minutes, step) of each of `run_dir`'s checkpoints of a logged step, oldest first: the
+    minutes from process start to the step's end, less the writes of the checkpoints before
+    it (`time/checkpoint_s`), which only the judge needs, as TRL's judged weights are taken
+    outside its minutes. The budget still pays for the writes."""
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "rollout/reward_mean" in r]
+    elapsed, written = {}, 0.0
+    for r in sorted(steps, key=lambda r: int(r["step"])):
+        elapsed[int(r["step"])] = (r["time/elapsed_s"] - written) / 60
+        written += r.get("time/checkpoint_s", 0.0)  # logged after its own step's end
     saved = [int(p.name[len(PREFIX) :]) for p in list_checkpoints(run_dir / "checkpoints")]
     found = [(elapsed[step], step) for step in saved if step in elapsed]
     if not found:

@@ -85,8 +85,7 @@ def _embedded_config(
     from tracerl.bench.learn import tracerl_config
 
     text = tracerl_config(
-        "grpo", task_dir / "train.jsonl", task_dir / "heldout.jsonl", seed=0, minutes=60.0,
-        eval_every=0,
+        "grpo", task_dir / "train.jsonl", task_dir / "heldout.jsonl", seed=0, minutes=60.0
     )  # fmt: skip
     data = tomllib.loads(text)
     data["loop"].update(

@@ -54,7 +54,7 @@ def run_config(task_dir: Path, seed: int, minutes: float, lora: str, engine: str
     `lora`, the `[trainer.lora]` section, and more `engine` lines for `[engine]`."""
     text = learn.tracerl_config(
         "grpo", (task_dir / "train.jsonl").resolve(), (task_dir / "heldout.jsonl").resolve(),
-        seed, minutes, eval_every=0, engine=engine,
+        seed, minutes, engine=engine,
     )  # fmt: skip
     return text + lora
 

@@ -544,7 +544,9 @@ class RLLoop:
                     record.update(self._record_cluster())
                     record.update({f"loop/{k}": v for k, v in self.buffer.counters.items()})
                     if self.step % self.config.loop.checkpoint_every == 0:
+                        saving = time.monotonic()
                         await self._checkpoint()
+                        record["time/checkpoint_s"] = time.monotonic() - saving
                         last_saved = self.step
                     self.metrics.log(record)
                     self.progress.update(self.step, record)

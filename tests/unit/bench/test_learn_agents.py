@@ -167,6 +167,24 @@ def test_the_judge_scores_the_checkpoints_nearest_a_third_and_two_thirds_and_the
     assert learn_agents.judged_steps(tmp_path, 15) == [(4.5, 9), (10.5, 21), (15.0, 30)]
 
 
+def test_a_judged_checkpoint_s_minutes_leave_out_the_checkpoint_writes_before_it(
+    tmp_path: Path,
+) -> None:
+    """The checkpoints exist for the judge, as TRL's judged weights do, whose time is left out
+    of its minutes: each checkpoint's minute is its step's end less the earlier writes (a
+    step's record is logged after its own write, whose time it carries)."""
+    rows = [{"step": s, "rollout/reward_mean": 0.0, "time/elapsed_s": 60.0 * s} for s in (1, 2)]
+    rows += [{"step": 3, "rollout/reward_mean": 0.0, "time/elapsed_s": 195.0}]
+    rows[1]["time/checkpoint_s"] = 12.0  # the write after step 2
+    rows[2]["time/checkpoint_s"] = 30.0  # after step 3: after its own minute was taken
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for step in (2, 3):
+        directory = tmp_path / "checkpoints" / f"{PREFIX}{step}"
+        directory.mkdir(parents=True)
+        (directory / MANIFEST).write_text("{}")
+    assert learn_agents.saved_steps(tmp_path) == [(2.0, 2), (3.05, 3)]  # (195 - 12) / 60
+
+
 def test_target_met_needs_three_seeds_headroom_and_more_than_a_zero_baseline() -> None:
     """One seed where TRL and PPO both end at 0 % meets nothing: the targets are stated for 3
     seeds with TRL below 70 %, and 1.3x of 0 is no improvement."""
