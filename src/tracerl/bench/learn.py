@@ -7,8 +7,9 @@ budget (`--minutes`, from its process's start: imports and model loading are cha
 
 - `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config, as a user runs it, with
   `loop.max_minutes` as the budget, no eval of its own and a checkpoint every `--eval-every`
-  steps (their writes charged); `tracerl train` overrides given to the command
-  (`--trainer.autocast=bfloat16`) apply to these runs, and each run's line records them;
+  steps (their writes charged to the budget, left out of the curve's minutes); `tracerl
+  train` overrides given to the command (`--trainer.autocast=bfloat16`) apply to these runs,
+  and each run's line records them;
 - `trl`: TRL's `GRPOTrainer` (`learn_trl`, loss `dapo`, beta 0), its periodic evals not charged.
 
 The judge is one function for all: greedy accuracy on 200 held-out prompts (disjoint from the

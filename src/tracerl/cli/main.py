@@ -405,8 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--eval-every", type=int, default=20,
-        help="learn: steps between the tracerl checkpoints judged on hard and medium (after the "
-        "run, not charged)",
+        help="learn: steps between the tracerl checkpoints judged on hard and medium (judged "
+        "after the run; the writes are charged)",
     )  # fmt: skip
     bench.add_argument(
         "--agent-checkpoint-every", type=int, default=3,
