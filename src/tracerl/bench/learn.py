@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -102,14 +101,10 @@ def run_tracerl(
             (task_dir / "heldout.jsonl").resolve(), seed, minutes, checkpoint_every, engine,
         )
     )  # fmt: skip
-    extra = (f"--{o}" for o in overrides)
-    wall = learn_agents.train(config, run_dir, minutes * 60 + OVERRUN_S, *extra)
-    curve = [
-        [at, judge_checkpoint(run_dir, task_dir, step)]
-        for at, step in learn_agents.saved_steps(run_dir)
-    ]
-    shutil.rmtree(run_dir / "checkpoints")  # judged: weights and optimizer state, GBs
-    return learn_agents.run_record(run_dir, system, seed, curve, wall, overrides)
+    return learn_agents.judged_run(
+        config, run_dir, system, seed, minutes * 60 + OVERRUN_S, overrides,
+        learn_agents.saved_steps, lambda step: judge_checkpoint(run_dir, task_dir, step),
+    )  # fmt: skip
 
 
 def judge_checkpoint(run_dir: Path, task_dir: Path, step: int | None = None) -> float:
@@ -170,16 +165,8 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
         if trl and grpo:
             ratio = grpo["accuracy_mean"] / max(trl["accuracy_mean"], 1e-9)
             steps = grpo["steps_mean"] / max(trl["steps_mean"], 1e-9)
-            trl_final = {
-                r["seed"]: r["accuracy_after"]
-                for r in runs
-                if r["task"] == task and r["system"] == "trl"
-            }
-            reach = {
-                r["seed"]: learn_agents.minutes_to_reach(r["curve"], trl_final[r["seed"]])
-                for r in runs
-                if r["task"] == task and r["system"] == "tracerl-grpo" and r["seed"] in trl_final
-            }
+            of_task = [r for r in runs if r["task"] == task]
+            reach = learn_agents.minutes_to_trl_final(of_task, "tracerl-grpo")
             entry["grpo_vs_trl"] = {
                 "accuracy_mean_ratio": ratio, "steps_ratio": steps, "minutes_to_trl_final": reach,
             }  # fmt: skip

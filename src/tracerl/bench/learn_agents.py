@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -192,12 +193,29 @@ def run_tracerl(
     run_dir = task_dir / f"{system}-seed{seed}"
     path = task_dir / f"{run_dir.name}.toml"
     path.write_text(run_config(task, task_dir, start, system, seed, minutes, every))
-    wall = train(path, run_dir, minutes * 60 + OVERRUN_S, *(f"--{o}" for o in overrides))
-    curve = [
-        [at, judge_step(task, task_dir, run_dir, step)]
-        for at, step in judged_steps(run_dir, minutes)
-    ]
-    shutil.rmtree(run_dir / "checkpoints")  # weights and optimizer state, a few GB
+    return judged_run(
+        path, run_dir, system, seed, minutes * 60 + OVERRUN_S, overrides,
+        lambda done: judged_steps(done, minutes),
+        lambda step: judge_step(task, task_dir, run_dir, step),
+    )  # fmt: skip
+
+
+def judged_run(
+    config_path: Path,
+    run_dir: Path,
+    system: str,
+    seed: int,
+    timeout_s: float,
+    overrides: list[str],
+    points: Callable[[Path], list[tuple[float, int]]],
+    judge: Callable[[int], float],
+) -> dict[str, Any]:
+    """`tracerl train CONFIG` with the config `overrides`, then `judge` on each checkpoint
+    `points(run_dir)` names ([minute, score] each: the curve, the last its score); the
+    checkpoints are then removed (weights and optimizer state, GBs). Its runs.jsonl line."""
+    wall = train(config_path, run_dir, timeout_s, *(f"--{o}" for o in overrides))
+    curve = [[at, judge(step)] for at, step in points(run_dir)]
+    shutil.rmtree(run_dir / "checkpoints")
     return run_record(run_dir, system, seed, curve, wall, overrides)
 
 
@@ -291,6 +309,17 @@ def minutes_to_reach(curve: list[list[float]], accuracy: float) -> float | None:
     return next((at for at, value in curve if value >= accuracy), None)
 
 
+def minutes_to_trl_final(runs: list[dict[str, Any]], system: str) -> dict[int, float | None]:
+    """Per seed that TRL ran too, the minutes `system`'s curve took to reach TRL's final score
+    on that seed (None: never); `runs` are one task's."""
+    trl_final = {r["seed"]: r["accuracy_after"] for r in runs if r["system"] == "trl"}
+    return {
+        r["seed"]: minutes_to_reach(r["curve"], trl_final[r["seed"]])
+        for r in runs
+        if r["system"] == system and r["seed"] in trl_final
+    }
+
+
 def seed_stats(runs: list[dict[str, Any]], name: str) -> dict[str, float]:
     """One system's runs on one task: seeds, `accuracy_after` as NAME_mean / _worst / _best,
     and the mean steps."""
@@ -330,14 +359,9 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
         }
         entry["conditions"] = conditions
         met = met and all(conditions.values())
-        trl_runs = {r["seed"]: r for r in mine if r["system"] == "trl"}
         for system in compared:
             ours, trl = per[system], per["trl"]
-            reach = {
-                r["seed"]: minutes_to_reach(r["curve"], trl_runs[r["seed"]]["accuracy_after"])
-                for r in mine
-                if r["system"] == system and r["seed"] in trl_runs
-            }
+            reach = minutes_to_trl_final(mine, system)
             targets = {
                 # and above it: at a TRL mean of 0, 1.3x of it says nothing
                 "mean_ge_1.3x_trl": ours["success_mean"] >= 1.3 * trl["success_mean"]
