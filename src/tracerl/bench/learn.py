@@ -174,8 +174,9 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
                 "grpo_mean_ge_1.3x_trl": ratio >= 1.3,
                 "grpo_worst_ge_trl_worst": grpo["accuracy_worst"] >= trl["accuracy_worst"],
                 "grpo_steps_ge_1.5x_trl": steps >= 1.5,
-                "grpo_reaches_trl_final_in_half_budget": bool(reach)
-                and all(at is not None and at <= minutes / 2 for at in reach.values()),
+                "grpo_reaches_trl_final_in_half_budget": learn_agents.reached_in(
+                    reach, minutes / 2
+                ),
             }
             if ppo:
                 targets["ppo_mean_ge_trl_mean"] = ppo["accuracy_mean"] >= trl["accuracy_mean"]

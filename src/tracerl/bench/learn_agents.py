@@ -320,6 +320,12 @@ def minutes_to_trl_final(runs: list[dict[str, Any]], system: str) -> dict[int, f
     }
 
 
+def reached_in(reach: dict[int, float | None], minutes: float) -> bool:
+    """Whether every seed of `reach` (`minutes_to_trl_final`) reached TRL's final within
+    `minutes`; False with no seed shared with TRL (nothing shows it)."""
+    return bool(reach) and all(at is not None and at <= minutes for at in reach.values())
+
+
 def seed_stats(runs: list[dict[str, Any]], name: str) -> dict[str, float]:
     """One system's runs on one task: seeds, `accuracy_after` as NAME_mean / _worst / _best,
     and the mean steps."""
@@ -367,9 +373,7 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
                 "mean_ge_1.3x_trl": ours["success_mean"] >= 1.3 * trl["success_mean"]
                 and ours["success_mean"] > trl["success_mean"],
                 "worst_ge_trl_worst": ours["success_worst"] >= trl["success_worst"],
-                "reaches_trl_final_in_half_budget": all(
-                    at is not None and at <= minutes / 2 for at in reach.values()
-                ),
+                "reaches_trl_final_in_half_budget": reached_in(reach, minutes / 2),
             }
             entry[f"{system}_vs_trl"] = {
                 "success_mean_ratio": (

@@ -135,6 +135,7 @@ def test_targets_compare_means_worst_seeds_and_time_to_trl_s_final_success() -> 
         agent_run("tracerl-grpo", 1, 0.50, [[0, 0.1], [4, 0.3], [15, 0.5]]),
         agent_run("tracerl-ppo", 0, 0.30, [[0, 0.1], [15, 0.3]]),
         agent_run("tracerl-ppo", 1, 0.60, [[0, 0.1], [7, 0.6]]),
+        agent_run("tracerl-grpo-signal", 5, 0.90, [[0, 0.1], [1, 0.9]]),  # a seed TRL never ran
     ]
     summary = learn_agents.summarise(runs, ["guess"], minutes=15)
     guess = summary["tasks"]["guess"]
@@ -148,6 +149,9 @@ def test_targets_compare_means_worst_seeds_and_time_to_trl_s_final_success() -> 
     }
     assert ppo["minutes_to_trl_final"] == {0: None, 1: 7}  # seed 0 never reached 0.40
     assert ppo["targets"]["reaches_trl_final_in_half_budget"] is False
+    unshared = guess["tracerl-grpo-signal_vs_trl"]  # no seed in common: nothing shows it
+    assert unshared["minutes_to_trl_final"] == {}
+    assert unshared["targets"]["reaches_trl_final_in_half_budget"] is False
     assert guess["systems"]["trl"]["success_worst"] == 0.30
     assert summary["target_met"] is False
 
