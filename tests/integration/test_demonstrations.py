@@ -14,6 +14,16 @@ from tracerl.envs import Session, make_environment, run_episode
 from tracerl.envs.chat import tool_call
 from tracerl.trace.schema import SessionTrace
 
+FILES_TASK = {
+    "prompt": "Find the passcode.",
+    "answer": 4821,
+    "files": [
+        {"path": "docs/todo.txt", "text": "Order 5512 shipped on Monday."},
+        {"path": "mail/passcode.txt", "text": "passcode: 4821"},
+        {"path": "work/list.txt", "text": "Ticket 9001 was closed."},
+    ],
+}
+
 
 async def demo_session(gw: Any) -> Session:
     return Session.from_gateway(await gw.open_session(), demonstration=True)
@@ -25,6 +35,7 @@ async def demo_session(gw: Any) -> Session:
         ("calculator", {"prompt": "What is 347 * 29 + 18?", "answer": 10081}, 2),
         ("guess", {"prompt": "Find it", "answer": 11, "high": 16}, 3),  # 8, 12, 10, 11
         ("calculator-single", {"prompt": "What is (347 - 18) * 29?", "answer": 9541}, 3),
+        ("files", FILES_TASK, 5),  # list the top, docs, mail; read mail/passcode.txt; answer
     ],
 )
 async def test_a_scripted_policy_is_recorded_as_one_trajectory_of_its_replies(
@@ -61,6 +72,15 @@ async def test_a_scripted_policy_is_recorded_as_one_trajectory_of_its_replies(
             '<tool_call>\n{"name": "calculate", "arguments": {"expression": "347 * 29 + 18"}}'
             "\n</tool_call><|im_end|>The answer is 10081.<|im_end|>"
         )
+    elif env == "files":
+        assert text.endswith("The passcode is 4821.<|im_end|>")
+        assert [t.response["choices"][0]["message"].get("tool_calls", [{}])[0].get("function")
+                for t in trace.turns[:4]] == [
+            {"name": "list_files", "arguments": '{"path": "/"}'},
+            {"name": "list_files", "arguments": '{"path": "docs"}'},
+            {"name": "list_files", "arguments": '{"path": "mail"}'},
+            {"name": "read_file", "arguments": '{"path": "mail/passcode.txt"}'},
+        ]  # fmt: skip
     else:
         assert [t.response["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
                 for t in trace.turns] == [

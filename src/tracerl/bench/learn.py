@@ -279,7 +279,9 @@ def main(args: argparse.Namespace) -> int:
     overrides: list[str] = getattr(args, "overrides", [])
     check_overrides(overrides, included, planned)
     if agent_tasks and args.backend != "local":
-        raise SystemExit("bench learn: the agentic tasks (calculator, guess) run --backend local")
+        raise SystemExit(
+            "bench learn: the agentic tasks (calculator, guess, files) run --backend local"
+        )
     vllm_python = None
     if args.backend == "vllm":
         from tracerl.bench.engine_vllm import _vllm_python

@@ -1,5 +1,5 @@
-"""The agentic tasks of `tracerl bench learn` (`--tasks calculator,guess`): multi-turn tool use,
-each system starting from the same cold-start checkpoint, judged by one shared judge.
+"""The agentic tasks of `tracerl bench learn` (`--tasks calculator,guess,files`): multi-turn tool
+use, each system starting from the same cold-start checkpoint, judged by one shared judge.
 
 Per task, once: train and held-out task files (held-out prompts never in train), and the start
 checkpoint: `tracerl train` with the task's `[cold_start]` (scripted demonstrations played through
@@ -13,9 +13,9 @@ samples), learning rate (constant), sampling (temperature 1) and budget from pro
   checkpoint every few steps (their writes charged);
 - `tracerl-grpo-signal`, `tracerl-ppo-signal`: the same with difficulty-aware drawing,
   `dataset.difficulty = "signal"` measured per value of the task's `DIFFICULTY_FIELDS` field
-  (guess: `high`, the range); the calculator's questions have no such field;
+  (guess: `high`, the range); the calculator's and files' tasks have no such field;
 - `trl`: TRL's `GRPOTrainer` (`learn_trl_agents`) with `tools=` for `calculator` and
-  `environment_factory` for `guess`, the same chat template, a snapshot of its weights every
+  `environment_factory` for `guess` and `files`, the same chat template, a snapshot of its weights every
   third of the budget (not charged).
 
 The judge is `tracerl train JUDGE.toml --trainer.model=DIR --loop.steps=0`: the task's
@@ -44,7 +44,7 @@ from tracerl.envs.registry import generate_tasks
 from tracerl.run.metrics import read_metrics
 from tracerl.train.checkpoint import PREFIX, list_checkpoints
 
-AGENT_TASKS = ("calculator", "guess")
+AGENT_TASKS = ("calculator", "guess", "files")
 SIGNAL_SYSTEMS = ("tracerl-grpo-signal", "tracerl-ppo-signal")
 """Systems only the agentic tasks run: tracerl with `dataset.difficulty_by` its field."""
 DIFFICULTY_FIELDS = {"guess": "high"}
@@ -65,6 +65,9 @@ ENVIRONMENTS: dict[str, str] = {
     "calculator": 'name = "calculator"\nsingle_operation = true\nmax_turns = 3',
     # Find a number from 1 to 8, 16 or 32; a binary search needs at most 6 guesses.
     "guess": 'name = "guess"\nmax_turns = 6',
+    # Find passcode.txt in one of 3 folders and state its passcode: the scripted search takes
+    # 4 to 6 turns (list the top, each folder until it, read it, answer).
+    "files": 'name = "files"\nmax_turns = 6',
 }
 # Chosen by measurement (docs/benchmarks.md) to leave room to learn: after the calculator's,
 # greedy success is 0 % and sampled success ~6 % (its calls are right, it does not stop); one
@@ -72,17 +75,23 @@ ENVIRONMENTS: dict[str, str] = {
 COLD_START: dict[str, str] = {
     "calculator": "demonstrations = 16\nsteps = 3\nbatch_size = 8\nlr = 5e-5",
     "guess": "demonstrations = 16\nsteps = 3\nbatch_size = 8\nlr = 5e-5",
+    "files": "demonstrations = 16\nsteps = 5\nbatch_size = 8\nlr = 5e-5",
 }
 
 
 def write_task_files(task_dir: Path, task: str) -> None:
-    """`train.jsonl` (seed 0) and `heldout.jsonl` (seed 1, minus any prompt train has; `guess`
-    prompts differ only in their range, so its held-out set is held-out hidden numbers)."""
+    """`train.jsonl` (seed 0) and `heldout.jsonl` (seed 1, minus any question or file system
+    train has; `guess` prompts differ only in their range, so its held-out set is held-out
+    hidden numbers)."""
     train = generate_tasks(task, TRAIN_TASKS, 0)
     heldout = generate_tasks(task, HELDOUT_TASKS * 2, 1)
-    if task == "calculator":
-        seen = {t["prompt"] for t in train}
-        heldout = [t for t in heldout if t["prompt"] not in seen]
+    if task in ("calculator", "files"):
+        # the calculator's question; a file system's whole task (they share one prompt)
+        def key(t: dict[str, Any]) -> str:
+            return json.dumps(t if task == "files" else t["prompt"])
+
+        seen = {key(t) for t in train}
+        heldout = [t for t in heldout if key(t) not in seen]
     for name, rows in (("train", train), ("heldout", heldout[:HELDOUT_TASKS])):
         (task_dir / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 

@@ -1,11 +1,13 @@
 """The TRL baseline of `tracerl bench learn`'s agentic tasks: TRL's `GRPOTrainer` with `tools=`
-(`calculator`) or `environment_factory` (`guess`), from the start checkpoint, for a wall-clock
-budget; snapshots of the weights along the way for the shared judge; `OUTDIR/result.json`.
+(`calculator`) or `environment_factory` (`guess`, `files`), from the start checkpoint, for a
+wall-clock budget; snapshots of the weights along the way for the shared judge;
+`OUTDIR/result.json`.
 
 Runs as its own process: the budget starts when `learn_trl` is imported, before torch (as in the
 single-turn baseline), and the periodic snapshots are not charged to it. The environments are
-tracerl's own (`envs.calculator`, `envs.guess`): the same tool answers, errors and scoring, so
-the two systems see the same task; what differs is how each trainer runs an episode.
+tracerl's own (`envs.calculator`, `envs.guess`, `envs.files`): the same tool answers, errors
+and scoring, so the two systems see the same task; what differs is how each trainer runs an
+episode.
 
 - Prompts: the user message tracerl's environment sends, with its tool rendered by the same
   `chatml` template. The harness checks that TRL's tool schema (built by transformers from the
@@ -16,10 +18,10 @@ the two systems see the same task; what differs is how each trainer runs an epis
 - Tool calls are parsed by TRL with its own Qwen3 response template (`trl.chat_template_utils.
   qwen3_template`), which reads the Hermes `<tool_call>` blocks `chatml` writes; TRL recognises
   no template of its own for chatml. Tool answers are masked out of the loss by TRL.
-- Rewards: `calculator`, the exact answer of a last reply that calls no tool (an episode whose
-  turns ran out still calling scores 0, as in tracerl); `guess`, 1 once a guess found the
-  number or the last reply states it. Unlike tracerl's environment, TRL cannot end an episode
-  from a tool, so after a correct guess the model takes one more turn (not scored).
+- Rewards: `calculator` and `files`, the exact answer of a last reply that calls no tool (an
+  episode whose turns ran out still calling scores 0, as in tracerl); `guess`, 1 once a guess
+  found the number or the last reply states it. Unlike tracerl's environment, TRL cannot end an
+  episode from a tool, so after a correct guess the model takes one more turn (not scored).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any
 from tracerl.bench import learn_trl  # the first heavy import: its STARTED_AT starts the budget
 from tracerl.envs.calculator import INSTRUCTION, SINGLE_OPERATION_TOOL, run_tool
 from tracerl.envs.dataset import read_jsonl
+from tracerl.envs.files import LIST_TOOL, READ_TOOL, answer_call
 from tracerl.envs.guess import GUESS_TOOL, answer_guess
 from tracerl.envs.rewards import exact_answer_reward
 
@@ -81,6 +84,34 @@ class GuessGame:
 _as_tool(GuessGame.guess, GUESS_TOOL)
 
 
+class FileSystem:
+    """One task's file system for `environment_factory`: `list_files` and `read_file` are its
+    tools (TRL lists them in that order, as tracerl does), answered by tracerl's own code."""
+
+    def __init__(self) -> None:
+        self.task: dict[str, Any] = {}
+
+    def reset(self, files: list[dict[str, str]], **_: Any) -> None:
+        """A new task; None keeps the prompt as it is."""
+        self.task = {"files": files}
+
+    def list_files(self, path: str) -> str:
+        return answer_call(self.task, "list_files", json.dumps({"path": path}))[0]
+
+    def read_file(self, path: str) -> str:
+        return answer_call(self.task, "read_file", json.dumps({"path": path}))[0]
+
+
+_as_tool(FileSystem.list_files, LIST_TOOL)
+_as_tool(FileSystem.read_file, READ_TOOL)
+TOOLS: dict[str, tuple[list[Any], list[Any]]] = {
+    # per task: tracerl's tools, and the functions TRL builds its schemas from, in one order
+    "calculator": ([SINGLE_OPERATION_TOOL], [calculate]),
+    "guess": ([GUESS_TOOL], [GuessGame.guess]),
+    "files": ([LIST_TOOL, READ_TOOL], [FileSystem.list_files, FileSystem.read_file]),
+}
+
+
 def _final_text(messages: list[dict[str, Any]]) -> str | None:
     """The last reply's text when it calls no tool; None when the turns ran out mid-calls."""
     last = messages[-1] if messages else {}
@@ -89,7 +120,7 @@ def _final_text(messages: list[dict[str, Any]]) -> str | None:
     return str(last.get("content") or "")
 
 
-def calculator_reward(
+def final_answer_reward(
     completions: list[list[dict[str, Any]]], answer: list[int], **_: Any
 ) -> list[float | None]:
     out: list[float | None] = []
@@ -117,13 +148,13 @@ def check_same_prompt(tokenizer: Any, task: str, first_prompt: list[dict[str, st
     """Stop unless TRL's tool schema renders exactly as tracerl's tool (same prompt tokens)."""
     from transformers.utils import get_json_schema
 
-    ours = SINGLE_OPERATION_TOOL if task == "calculator" else GUESS_TOOL
-    theirs = get_json_schema(calculate if task == "calculator" else GuessGame.guess)
+    ours, functions = TOOLS[task]
+    theirs = [get_json_schema(f) for f in functions]
     render = [
         tokenizer.apply_chat_template(
-            first_prompt, tools=[tool], tokenize=False, add_generation_prompt=True
+            first_prompt, tools=tools, tokenize=False, add_generation_prompt=True
         )
-        for tool in (ours, theirs)
+        for tools in (ours, theirs)
     ]
     if render[0] != render[1]:
         raise SystemExit(
@@ -144,11 +175,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         learn_trl.torch.set_num_threads(args.threads)
     tasks = read_jsonl(args.train, ("prompt", "answer"))
     suffix = f"\n{INSTRUCTION}" if args.task == "calculator" else ""
+    state = {"guess": "high", "files": "files"}.get(args.task)  # what reset() reads
     rows = [
         {
             "prompt": [{"role": "user", "content": f"{t['prompt']}{suffix}"}],
             "answer": t["answer"],
-            **({"high": t["high"]} if args.task == "guess" else {}),
+            **({state: t[state]} if state else {}),
         }
         for t in tasks
     ]
@@ -168,10 +200,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     config = learn_trl.grpo_config(args)
     config.max_tool_calling_iterations = args.max_turns - 1
     config.generation_kwargs = {"max_new_tokens": args.max_tokens_per_turn}
-    tools: dict[str, Any] = (
-        {"tools": [calculate]} if args.task == "calculator" else {"environment_factory": GuessGame}
-    )
-    reward = calculator_reward if args.task == "calculator" else guess_reward
+    factory = {"guess": GuessGame, "files": FileSystem}.get(args.task)
+    tools: dict[str, Any] = {"environment_factory": factory} if factory else {"tools": [calculate]}
+    reward = guess_reward if args.task == "guess" else final_answer_reward
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -191,7 +222,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m tracerl.bench.learn_trl_agents", description=__doc__
     )
     learn_trl.add_arguments(parser, group_size=4, max_new_tokens=1024)
-    parser.add_argument("--task", choices=("calculator", "guess"), required=True)
+    parser.add_argument("--task", choices=tuple(TOOLS), required=True)
     parser.add_argument("--model", type=Path, required=True, help="the start checkpoint")
     parser.add_argument("--max-turns", type=int, required=True, help="model turns per episode")
     parser.add_argument("--max-tokens-per-turn", type=int, default=64)

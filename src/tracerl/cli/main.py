@@ -410,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     bench.add_argument(
         "--agent-checkpoint-every", type=int, default=3,
-        help="learn: tracerl checkpoint interval (steps) on calculator and guess (judged after)",
+        help="learn: tracerl checkpoint interval (steps) on the agentic tasks (judged after)",
     )  # fmt: skip
     bench.add_argument("--work-dir", help="learn: where runs go (default runs/bench-learn-TIME)")
     bench.set_defaults(func=_cmd_bench)

@@ -2,8 +2,8 @@
 come from).
 
 `EnvConfig` is a discriminated union on `name`: "arithmetic", "concise", "calculator",
-"guess", "reasoning-gym", "textarena", "verifiers", "openenv", "command", "claude-code",
-"codex".
+"guess", "files", "reasoning-gym", "textarena", "verifiers", "openenv", "command",
+"claude-code", "codex".
 `DatasetConfig` reads tasks from a local file or directory, or generates them with a built-in task.
 Like every config module this one never imports torch, nor the environments themselves.
 """
@@ -66,6 +66,13 @@ class GuessEnvConfig(ChatEnvConfig):
     max_turns: int = Field(default=8, ge=1, le=64)
     """Model turns per episode; the number not found in this many scores 0 (a binary search
     needs at most 6 guesses for the largest range, 32)."""
+
+
+class FilesEnvConfig(ChatEnvConfig):
+    name: Literal["files"] = "files"
+    max_turns: int = Field(default=8, ge=1, le=64)
+    """Model turns per episode; an episode still calling tools after this many scores 0 (the
+    scripted search takes 4 to 6 with the generated three folders)."""
 
 
 class ReasoningGymEnvConfig(ChatEnvConfig):
@@ -230,6 +237,7 @@ EnvConfig = Annotated[
     | ConciseEnvConfig
     | CalculatorEnvConfig
     | GuessEnvConfig
+    | FilesEnvConfig
     | ReasoningGymEnvConfig
     | TextArenaEnvConfig
     | VerifiersEnvConfig
@@ -263,7 +271,7 @@ class DatasetConfig(Config):
     """The split to use when `path` holds a `datasets.DatasetDict`; with `generate = "env"`,
     the environment's split ("train" for `[dataset]` and "eval" for `[eval_dataset]` when
     unset)."""
-    generate: Literal["arithmetic", "concise", "calculator", "guess", "env"] | None = None
+    generate: Literal["arithmetic", "concise", "calculator", "guess", "files", "env"] | None = None
     """Generate tasks with this built-in task instead of reading a file; "env" takes them from
     the environment itself (reasoning-gym's generators, a verifiers environment's dataset)."""
     num_tasks: int | None = Field(default=None, ge=1)

@@ -86,8 +86,8 @@ class Environment(Protocol):
     retry would record a turn twice) and an explicit timeout. Cancelling `run` must stop all the
     episode's work, including any process it started.
 
-    An environment with a scripted policy (calculator, guess) also sets `demonstrable = True`
-    and, when `session.demonstration` is set, sends that policy's replies as demonstrations
+    An environment with a scripted policy (calculator, guess, files) also sets `demonstrable =
+    True` and, when `session.demonstration` is set, sends that policy's replies as demonstrations
     (`tracerl.gateway.demonstrations`): what a cold start (`[cold_start]`) records.
 
     An environment that brings its own tasks (reasoning-gym's generators, a verifiers
@@ -100,7 +100,7 @@ class Environment(Protocol):
 
     @property
     def name(self) -> str:
-        """The registry name ("arithmetic", "concise", "calculator", "guess", "command")."""
+        """The registry name ("arithmetic", "calculator", "guess", "files", "command", ...)."""
         ...
 
     @property

@@ -18,6 +18,7 @@ from tracerl.config.envs import (
     CommandEnvConfig,
     ConciseEnvConfig,
     EnvConfig,
+    FilesEnvConfig,
     GuessEnvConfig,
     OpenEnvEnvConfig,
     ReasoningGymEnvConfig,
@@ -25,24 +26,26 @@ from tracerl.config.envs import (
     VerifiersEnvConfig,
     parse_env_config,
 )
-from tracerl.envs import arithmetic, calculator, concise, guess
+from tracerl.envs import arithmetic, calculator, concise, files, guess
 from tracerl.envs.arithmetic import ArithmeticEnvironment
 from tracerl.envs.base import Environment, Task
 from tracerl.envs.calculator import CalculatorEnvironment
 from tracerl.envs.cli_agents import ClaudeCodeEnvironment, CodexEnvironment
 from tracerl.envs.command import CommandEnvironment
 from tracerl.envs.concise import ConciseEnvironment
+from tracerl.envs.files import FilesEnvironment
 from tracerl.envs.guess import GuessEnvironment
 
 ENVIRONMENTS = (
-    "arithmetic", "concise", "calculator", "guess", "reasoning-gym", "textarena", "verifiers",
-    "openenv", "command", "claude-code", "codex",
+    "arithmetic", "concise", "calculator", "guess", "files", "reasoning-gym", "textarena",
+    "verifiers", "openenv", "command", "claude-code", "codex",
 )  # fmt: skip
 TASK_GENERATORS: dict[str, Callable[[int, int], list[Task]]] = {
     "arithmetic": arithmetic.generate_tasks,
     "concise": concise.generate_tasks,
     "calculator": calculator.generate_tasks,
     "guess": guess.generate_tasks,
+    "files": files.generate_tasks,
 }
 
 
@@ -58,6 +61,8 @@ def make_environment(config: EnvConfig | Mapping[str, Any]) -> Environment:
         return CalculatorEnvironment(config)
     if isinstance(config, GuessEnvConfig):
         return GuessEnvironment(config)
+    if isinstance(config, FilesEnvConfig):
+        return FilesEnvironment(config)
     if isinstance(config, ReasoningGymEnvConfig):
         from tracerl.envs.adapters.reasoning_gym import ReasoningGymEnvironment
 

@@ -53,7 +53,7 @@ async def play_demonstrations(config: TrainCommandConfig, run_dir: Path, count: 
     if not getattr(env, "demonstrable", False):  # before anything is written
         raise ConfigError(
             f"cold_start.demonstrations: the {c.env.name} environment has no scripted "
-            "policy to demonstrate (calculator, guess and reasoning-gym have one)"
+            "policy to demonstrate (calculator, guess, files and reasoning-gym have one)"
         )
     dataset = load_dataset(c.dataset, env.task_fields, env)
     done = played(run_dir)

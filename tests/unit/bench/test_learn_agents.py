@@ -13,29 +13,33 @@ from transformers.utils import get_json_schema
 
 from tracerl.bench import learn_agents, learn_trl_agents
 from tracerl.bench.learn_trl_agents import (
+    TOOLS,
+    FileSystem,
     GuessGame,
     calculate,
-    calculator_reward,
     check_same_prompt,
+    final_answer_reward,
     guess_reward,
 )
 from tracerl.config import TrainCommandConfig, load_config
-from tracerl.envs.calculator import ONE_OPERATION_ERROR, SINGLE_OPERATION_TOOL
-from tracerl.envs.guess import GUESS_TOOL
+from tracerl.envs.calculator import ONE_OPERATION_ERROR
 from tracerl.gateway.render import ChatRenderer
 from tracerl.models import load_tokenizer, resolve_model
 from tracerl.train.checkpoint import MANIFEST, PREFIX
 
 
-def test_held_out_calculator_questions_are_never_trained_on(tmp_path: Path) -> None:
-    learn_agents.write_task_files(tmp_path, "calculator")
+@pytest.mark.parametrize("task", ["calculator", "files"])
+def test_held_out_tasks_are_never_trained_on(tmp_path: Path, task: str) -> None:
+    learn_agents.write_task_files(tmp_path, task)
     train, heldout = (
         [json.loads(line) for line in (tmp_path / f"{name}.jsonl").open()]
         for name in ("train", "heldout")
     )
     assert len(train) == learn_agents.TRAIN_TASKS
     assert len(heldout) == learn_agents.HELDOUT_TASKS
-    assert not {t["prompt"] for t in train} & {t["prompt"] for t in heldout}
+    # a calculator question; a file system (every files task has the same prompt)
+    key = "prompt" if task == "calculator" else "files"
+    assert not {json.dumps(t[key]) for t in train} & {json.dumps(t[key]) for t in heldout}
 
 
 @pytest.mark.parametrize("task", learn_agents.AGENT_TASKS)
@@ -67,26 +71,32 @@ def chatml() -> Any:
     return load_tokenizer(resolve_model("tiny"), "chatml")
 
 
-@pytest.mark.parametrize(
-    ("task", "function", "tool"),
-    [("calculator", calculate, SINGLE_OPERATION_TOOL), ("guess", GuessGame.guess, GUESS_TOOL)],
-)
+def test_every_agentic_task_has_its_trl_side() -> None:
+    assert set(TOOLS) == set(learn_agents.AGENT_TASKS)
+
+
+@pytest.mark.parametrize("task", sorted(TOOLS))
 def test_trl_sees_the_prompt_tracerl_renders(
-    chatml: Any, task: str, function: Any, tool: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    chatml: Any, task: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """TRL builds its tool list from the function (transformers' `get_json_schema`): it must
-    be tracerl's tool exactly, so both systems train on the same prompt tokens."""
-    assert get_json_schema(function) == tool
+    """TRL builds its tool list from the functions (transformers' `get_json_schema`): it must
+    be tracerl's tools exactly, in order, so both systems train on the same prompt tokens."""
+    tools, functions = TOOLS[task]
+    assert [get_json_schema(f) for f in functions] == tools
     messages = [{"role": "user", "content": "What is 12 * 3 + 4?"}]
-    ours = ChatRenderer(chatml).render(messages, [tool])
+    ours = ChatRenderer(chatml).render(messages, tools)
     theirs = chatml.apply_chat_template(
-        messages, tools=[get_json_schema(function)], tokenize=False, add_generation_prompt=True
+        messages,
+        tools=[get_json_schema(f) for f in functions],
+        tokenize=False,
+        add_generation_prompt=True,
     )
-    assert ours == theirs and f'"{tool["function"]["name"]}"' in ours
+    assert ours == theirs
+    assert all(f'"{tool["function"]["name"]}"' in ours for tool in tools)
     check_same_prompt(chatml, task, messages)  # the harness's own guard passes...
+    tool = tools[-1]
     changed = {**tool, "function": {**tool["function"], "description": "another"}}
-    name = "SINGLE_OPERATION_TOOL" if task == "calculator" else "GUESS_TOOL"
-    monkeypatch.setattr(learn_trl_agents, name, changed)
+    monkeypatch.setitem(learn_trl_agents.TOOLS, task, ([*tools[:-1], changed], functions))
     with pytest.raises(SystemExit, match="differs"):  # ...and stops a run on a mismatch
         check_same_prompt(chatml, task, messages)
 
@@ -104,6 +114,14 @@ def test_trl_tools_answer_as_tracerl_s_environments_do() -> None:
     assert not game.found and game.guess(11) == "correct: the number is 11" and game.found
     game.reset(answer=3, high=8)
     assert not game.found  # a new game
+    files = FileSystem()
+    files.reset(files=[{"path": "mail/passcode.txt", "text": "passcode: 4821"}], answer=4821)
+    assert [
+        files.list_files("/"),
+        files.list_files("mail"),
+        files.read_file("mail/passcode.txt"),
+    ] == ["mail/", "passcode.txt", "passcode: 4821"]
+    assert files.read_file("passcode.txt") == "error: no file passcode.txt"
 
 
 def test_trl_rewards_score_the_last_reply_as_tracerl_does() -> None:
@@ -112,7 +130,7 @@ def test_trl_rewards_score_the_last_reply_as_tracerl_does() -> None:
     answered = [call, tool, {"role": "assistant", "content": "The answer is 10081."}]
     wrong = [call, tool, {"role": "assistant", "content": "The answer is 10063."}]
     ran_out = [call, tool, call]  # still calling when the turns ran out
-    assert calculator_reward([answered, wrong, ran_out], [10081] * 3) == [1.0, 0.0, 0.0]
+    assert final_answer_reward([answered, wrong, ran_out], [10081] * 3) == [1.0, 0.0, 0.0]
     found, lost = GuessGame(), GuessGame()
     for game in (found, lost):
         game.reset(answer=5, high=8)

@@ -14,7 +14,7 @@ from tracerl.envs.calculator import CalculatorEnvironment
 from tracerl.envs.command import CommandEnvironment
 
 
-@pytest.mark.parametrize("name", ["arithmetic", "concise", "calculator", "guess"])
+@pytest.mark.parametrize("name", ["arithmetic", "concise", "calculator", "guess", "files"])
 def test_builtin_environments_by_name(name: str) -> None:
     env = make_environment({"name": name, "sampling": {"temperature": 0.7}})
     assert env.name == name
