@@ -9,7 +9,7 @@ file's text). The episode ends with a reply without tool calls, scored 1 when it
 (the last number, as `arithmetic` reads it) is the passcode, or after `max_turns` model turns,
 which scores 0. A call that names no folder or file, or another tool, is answered `error: ...`
 and costs its turn. The scripted policy lists the top, then each folder in listed order until
-one holds `passcode.txt`, reads it and answers: 4 to 3 + `folders` turns.
+one holds `passcode.txt`, reads it and answers: 4 to 6 turns with three folders.
 
 Task fields: `prompt`, `answer` (the passcode) and `files` (a list of `{"path", "text"}`: flat
 rows, so the task reads as a table in Parquet or `datasets` too). `generate_tasks` draws 3
@@ -88,7 +88,10 @@ def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
             for name in sorted(names):
                 text = f"passcode: {passcode}"
                 if name != PASSCODE_FILE:
-                    text = rng.choice(DECOYS).format(n=rng.randint(1000, 9999))
+                    template, decoy = rng.choice(DECOYS), rng.randint(1000, 9999)
+                    if decoy == passcode:  # the next number instead: no draw more, so the
+                        decoy = 1000 + (decoy - 999) % 9000  # other tasks stay as they were
+                    text = template.format(n=decoy)
                 files.append({"path": f"{folder}/{name}", "text": text})
         tasks.append({"prompt": PROMPT, "answer": passcode, "files": files})
     return tasks
