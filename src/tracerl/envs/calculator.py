@@ -24,29 +24,16 @@ from typing import Any
 
 from tracerl.config.envs import CalculatorEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task, TraceReward
-from tracerl.envs.chat import Script, call_arguments, play_with_tools, tool_call
+from tracerl.envs.chat import Script, call_arguments, function_tool, play_with_tools, tool_call
 from tracerl.envs.expression import calculate, next_operation, operations
 from tracerl.envs.rewards import exact_answer_reward, from_final_text
 
 
 def _calculate_tool(description: str, example: str) -> Any:
     """The `calculate` tool's definition, described as one of the calculator's two forms."""
-    parameter = {"type": "string", "description": f"for example {example}"}
-    return {
-        "type": "function",
-        "function": {
-            "name": "calculate",
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": parameter},
-                "required": ["expression"],
-            },
-        },
-    }
+    return function_tool("calculate", description, "expression", "string", f"for example {example}")
 
 
-# Typed Any: the SDK's name for this TypedDict differs across the openai versions we accept.
 CALCULATE_TOOL: Any = _calculate_tool(
     "Evaluate an arithmetic expression with + - * / // % ** and parentheses; returns its value.",
     "(347 * 29) + 18",

@@ -38,11 +38,37 @@ def first_messages(config: ChatEnvConfig, user: str) -> list[Any]:
     return messages
 
 
-def call_arguments(tool: str, name: str, arguments: str) -> dict[str, Any] | str:
-    """A call of the one tool `tool`: its arguments as an object ({} when they are JSON but
-    not an object), or the error its tool message gives back (another tool, not JSON)."""
-    if name != tool:
-        return f"error: unknown tool {name!r}; the only tool is {tool}"
+def function_tool(
+    name: str, description: str, parameter: str, kind: str, parameter_description: str
+) -> Any:
+    """An openai function tool of one required parameter (`kind`: its JSON schema type), in
+    the key order transformers' `get_json_schema` writes, so TRL renders it alike. Typed Any:
+    the SDK's name for this TypedDict differs across the openai versions we accept."""
+    spec = {"type": kind, "description": parameter_description}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {parameter: spec},
+                "required": [parameter],
+            },
+        },
+    }
+
+
+def call_arguments(tools: str | tuple[str, ...], name: str, arguments: str) -> dict[str, Any] | str:
+    """A call of one of `tools` (a name, or several): its arguments as an object ({} when they
+    are JSON but not an object), or the error its tool message gives back (another tool, not
+    JSON)."""
+    if isinstance(tools, str):
+        tools = (tools,)
+    if name not in tools:
+        known = " and ".join(tools)
+        where = f"the only tool is {known}" if len(tools) == 1 else f"the tools are {known}"
+        return f"error: unknown tool {name!r}; {where}"
     try:
         args = json.loads(arguments)
     except json.JSONDecodeError:

@@ -19,40 +19,24 @@ sets are other seeds.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from typing import Any
 
 from tracerl.config.envs import FilesEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task, TraceReward
-from tracerl.envs.chat import Script, play_with_tools, tool_call
+from tracerl.envs.chat import Script, call_arguments, function_tool, play_with_tools, tool_call
 from tracerl.envs.rewards import exact_answer_reward, from_final_text
 
-
-def _path_tool(name: str, description: str, path: str) -> Any:
-    parameter = {"type": "string", "description": path}
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {"path": parameter},
-                "required": ["path"],
-            },
-        },
-    }
-
-
-LIST_TOOL: Any = _path_tool(
+LIST_TOOL: Any = function_tool(
     "list_files",
     "List a folder's entries; folders end with /.",
+    "path",
+    "string",
     'the folder, for example "/" or "docs"',
 )
-READ_TOOL: Any = _path_tool(
-    "read_file", "Read a text file.", 'the file, for example "docs/todo.txt"'
+READ_TOOL: Any = function_tool(
+    "read_file", "Read a text file.", "path", "string", 'the file, for example "docs/todo.txt"'
 )
 TOOLS = (LIST_TOOL, READ_TOOL)
 PASSCODE_FILE = "passcode.txt"
@@ -108,13 +92,10 @@ def _normal(path: Any) -> str | None:
 def answer_call(task: Task, name: str, arguments: str) -> tuple[str, str | None]:
     """The tool's answer to one call, and what it showed: "list", "read", PASSCODE_FILE (the
     passcode's file was read) or None (an error)."""
-    if name not in ("list_files", "read_file"):
-        return f"error: unknown tool {name!r}; the tools are list_files and read_file", None
-    try:
-        args = json.loads(arguments)
-    except json.JSONDecodeError:
-        return "error: the arguments are not valid JSON", None
-    path = _normal(args.get("path")) if isinstance(args, dict) else None
+    args = call_arguments(("list_files", "read_file"), name, arguments)
+    if isinstance(args, str):
+        return args, None
+    path = _normal(args.get("path"))
     if path is None:
         return 'error: expected arguments {"path": "<a folder or file>"}', None
     texts = {f["path"]: f["text"] for f in task["files"]}

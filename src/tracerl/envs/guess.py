@@ -25,22 +25,17 @@ from typing import Any
 
 from tracerl.config.envs import GuessEnvConfig
 from tracerl.envs.base import EnvResult, Session, Task
-from tracerl.envs.chat import Script, call_arguments, play_with_tools, tool_call
+from tracerl.envs.chat import Script, call_arguments, function_tool, play_with_tools, tool_call
 from tracerl.envs.rewards import exact_answer_reward, final_text
 from tracerl.trace.schema import SessionTrace, Turn
 
-GUESS_TOOL: Any = {
-    "type": "function",
-    "function": {
-        "name": "guess",
-        "description": "Guess the hidden number; answers higher, lower or correct.",
-        "parameters": {
-            "type": "object",
-            "properties": {"number": {"type": "integer", "description": "your guess"}},
-            "required": ["number"],
-        },
-    },
-}
+GUESS_TOOL: Any = function_tool(
+    "guess",
+    "Guess the hidden number; answers higher, lower or correct.",
+    "number",
+    "integer",
+    "your guess",
+)
 HIGHS = (8, 16, 32)
 
 
