@@ -9,6 +9,7 @@ that ends without `[DONE]`) to drive each fail-closed path.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections import deque
 from dataclasses import dataclass, field
@@ -139,3 +140,23 @@ def two_turn_loss_mask(t0: dict[str, Any], t1: dict[str, Any]) -> list[int]:
         + [0] * between
         + [1] * len(t1["completion_ids"])
     )
+
+
+def sampled_only(trace: dict[str, Any]) -> dict[str, Any]:
+    """Assert a recorded session is one trajectory whose loss mask is 1 exactly on its turns'
+    sampled tokens, in order (prompts, tool results and an environment's words are context,
+    never trained on); the trajectory."""
+    (trajectory,) = trace["trajectories"]
+    sampled = [i for t in trace["turns"] for i in t["completion_ids"]]
+    masked = zip(trajectory["token_ids"], trajectory["loss_mask"], strict=True)
+    assert [i for i, m in masked if m] == sampled
+    return trajectory
+
+
+def shown_between(turns: list[dict[str, Any]], tokenizer: Any) -> list[str]:
+    """What each turn's next turn was shown after it (a tool's answer, a game's reply, the
+    template's tokens around them): the next prompt's text past this turn's completion."""
+    return [
+        tokenizer.decode(later["prompt_ids"][len(t["prompt_ids"]) + len(t["completion_ids"]) :])
+        for t, later in itertools.pairwise(turns)
+    ]

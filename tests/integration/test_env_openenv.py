@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import sampled_only
 from tests.integration.test_envs import open_session
 from tracerl.config.base import ConfigError
 from tracerl.envs import make_environment, run_episode
@@ -84,10 +85,7 @@ async def test_an_episode_steps_the_server_and_takes_its_reward(
     ]
     said = turns[1]["request"]["messages"][-1]["content"]
     assert said == ("higher" if number > wrong else "lower")  # the observation's text field
-    (trajectory,) = raw["trajectories"]
-    sampled = [i for t in turns for i in t["completion_ids"]]
-    masked = zip(trajectory["token_ids"], trajectory["loss_mask"], strict=True)
-    assert [i for i, m in masked if m] == sampled
+    sampled_only(raw)
     recorded = [t["response"]["choices"][0]["message"]["content"] for t in turns]
     assert own_reward(task["seed"], recorded) == 0.875
 

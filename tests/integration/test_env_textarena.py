@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from tests.fakes import sampled_only
 from tests.integration.test_envs import open_session
 from tracerl.config.base import ConfigError
 from tracerl.envs import make_environment, run_episode
@@ -75,10 +76,7 @@ async def test_a_game_is_one_trajectory_and_its_reward_is_textarenas(
         assert before["response"]["choices"][0]["message"]["content"] not in said
         assert said.startswith("[GAME] The target number is")
         assert said.endswith(("higher.", "lower."))
-    (trajectory,) = raw["trajectories"]
-    sampled = [i for t in turns for i in t["completion_ids"]]
-    masked = zip(trajectory["token_ids"], trajectory["loss_mask"], strict=True)
-    assert [i for i, m in masked if m] == sampled  # the game's text is never trained on
+    sampled_only(raw)  # one trajectory; the game's text is never trained on
     recorded = [t["response"]["choices"][0]["message"]["content"] for t in turns]
     assert textarena_reward("GuessTheNumber-v0", task["seed"], recorded) == 1
     assert env.reward_fn is not None

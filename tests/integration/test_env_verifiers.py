@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.fakes import sampled_only
 from tests.integration.test_envs import open_session
 from tracerl.config.base import ConfigError
 from tracerl.envs import make_environment, run_episode
@@ -47,13 +48,6 @@ async def rubric_reward(env: Any, task: dict[str, Any], raw: dict[str, Any]) -> 
     )  # fmt: skip
     await own.rubric.score_rollout(state)
     return float(state["reward"])
-
-
-def sampled_only(raw: dict[str, Any]) -> None:
-    (trajectory,) = raw["trajectories"]
-    sampled = [i for t in raw["turns"] for i in t["completion_ids"]]
-    masked = zip(trajectory["token_ids"], trajectory["loss_mask"], strict=True)
-    assert [i for i, m in masked if m] == sampled
 
 
 @pytest.mark.parametrize(

@@ -4,9 +4,9 @@ one trajectory, the tools' answers are never in the loss, and only the passcode 
 
 from __future__ import annotations
 
-import itertools
 import json
 
+from tests.fakes import sampled_only, shown_between
 from tests.integration.test_envs import open_session
 from tracerl.envs import make_environment, run_episode
 from tracerl.envs.files import FOLDERS, NUM_FOLDERS, PASSCODE_FILE, answer_call, generate_tasks
@@ -85,18 +85,10 @@ async def test_a_search_that_reads_the_passcode_is_one_trajectory(
     trace = await gw.trace(session.session_id)
     turns = trace["turns"]
     assert [t["parent"] for t in turns] == [None, 0, 1, 2, 3]
-    (trajectory,) = trace["trajectories"]
-    shown = [
-        fake.tokenizer.decode(
-            later["prompt_ids"][len(t["prompt_ids"]) + len(t["completion_ids"]) :]
-        )
-        for t, later in itertools.pairwise(turns)
-    ]  # what each call showed the next turn: it depends on the call
+    shown = shown_between(turns, fake.tokenizer)  # what each call showed: it depends on the call
     assert ["docs/ mail/ work/" in shown[0], "plan.txt todo.txt" in shown[1]] == [True, True]
     assert ["memo.txt passcode.txt" in shown[2], "passcode: 4821" in shown[3]] == [True, True]
-    sampled = [i for t in turns for i in t["completion_ids"]]
-    masked = zip(trajectory["token_ids"], trajectory["loss_mask"], strict=True)
-    assert [i for i, m in masked if m] == sampled  # the tools' answers are never trained on
+    sampled_only(trace)  # one trajectory; the tools' answers are never trained on
     assert env.reward_fn is not None  # the recorded episode scores the same without the env
     assert env.reward_fn(TASK, SessionTrace.model_validate(trace)) == 1.0
 

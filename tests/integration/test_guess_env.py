@@ -4,8 +4,7 @@ trajectory, and the game's answers are never in the loss."""
 
 from __future__ import annotations
 
-import itertools
-
+from tests.fakes import sampled_only, shown_between
 from tests.integration.test_envs import open_session
 from tracerl.envs import make_environment, run_episode
 from tracerl.envs.guess import HIGHS, answer_guess, generate_tasks
@@ -30,20 +29,12 @@ async def test_a_binary_search_finds_the_number_in_one_trajectory(
     trace = await gw.trace(session.session_id)
     turns = trace["turns"]
     assert [t["parent"] for t in turns] == [None, 0, 1, 2]
-    (trajectory,) = trace["trajectories"]
     # the game's answers, in order, depend on the guesses: each is context the next turn sees
-    answers = [
-        fake.tokenizer.decode(
-            later["prompt_ids"][len(t["prompt_ids"]) + len(t["completion_ids"]) :]
-        )
-        for t, later in itertools.pairwise(turns)
-    ]
+    answers = shown_between(turns, fake.tokenizer)
     assert ["higher" in answers[0], "lower" in answers[1], "higher" in answers[2]] == [True] * 3
     # 1 exactly on the sampled tokens: the answers are never trained on
-    sampled = [i for t in turns for i in t["completion_ids"]]
-    masked = zip(trajectory["token_ids"], trajectory["loss_mask"], strict=True)
-    assert [i for i, m in masked if m] == sampled
-    assert sum(trajectory["loss_mask"]) == len(sampled)
+    trajectory = sampled_only(trace)
+    assert sum(trajectory["loss_mask"]) == sum(len(t["completion_ids"]) for t in turns)
     # the recorded episode scores the same without the game (an external agent's trace)
     assert env.reward_fn is not None
     assert env.reward_fn(TASK, SessionTrace.model_validate(trace)) == 1.0
