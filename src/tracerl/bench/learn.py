@@ -22,7 +22,9 @@ tracerl took to reach TRL's final accuracy; the targets and `target_met`. The cu
 (held-out accuracy against minutes) are drawn to `WORK_DIR/learn_curves.png` (as `tracerl
 plot WORK_DIR` draws them). `--first-seed N` runs seeds N.. (a later seed alone), and
 `--include WORK_DIR` adds an earlier run's `runs.jsonl` to the summary: the same budget and
-settings are the caller's to keep; a run that would be counted twice is refused.
+settings are the caller's to keep; a run that would be counted twice is refused. On the
+agentic tasks, `--start-from WORK_DIR` reuses that run's start checkpoint and task files
+(`learn_agents`), so a later seed starts where the earlier ones did.
 
 Targets, on each task over the seeds run (issue 12): tracerl-grpo's mean >= 1.3x TRL's mean,
 its worst seed >= TRL's worst, its steps >= 1.5x TRL's; tracerl-ppo's mean >= TRL's mean; and
@@ -278,6 +280,14 @@ def main(args: argparse.Namespace) -> int:
         )
     overrides: list[str] = getattr(args, "overrides", [])
     check_overrides(overrides, included, planned)
+    start_from = getattr(args, "start_from", None)
+    if start_from is not None:
+        if not agent_tasks:
+            raise SystemExit("bench learn: --start-from is for the agentic tasks "
+                             f"({', '.join(learn_agents.AGENT_TASKS)})")  # fmt: skip
+        start_from = Path(start_from)
+        for task in agent_tasks:  # before any training
+            learn_agents.earlier_start(start_from, task)
     if agent_tasks and args.backend != "local":
         raise SystemExit(
             "bench learn: the agentic tasks (calculator, guess, files) run --backend local"
@@ -313,13 +323,12 @@ def main(args: argparse.Namespace) -> int:
                 runs.append(result)
                 print(json.dumps(result), flush=True)
                 write_jsonl(work / "runs.jsonl", runs)
-    agent_runs = [
-        run
-        for task in agent_tasks
-        for run in learn_agents.run_task(
-            task, work, systems, seeds_run, args.minutes, args.agent_checkpoint_every, overrides
-        )
-    ]
+    agent_runs = []
+    for task in agent_tasks:
+        agent_runs += learn_agents.run_task(
+            task, work, systems, seeds_run, args.minutes, args.agent_checkpoint_every,
+            overrides, start_from,
+        )  # fmt: skip
     runs += agent_runs
     write_jsonl(work / "runs.jsonl", runs)
     plot_learn(work)
@@ -334,7 +343,7 @@ def main(args: argparse.Namespace) -> int:
     summary.update(
         minutes=args.minutes, seeds=args.seeds, work_dir=str(work), included=args.include,
         runs_summarised=[f"{task}/{system}/seed{seed}" for task, system, seed in seeds],
-        overrides=overrides,
+        overrides=overrides, start_from=None if start_from is None else str(start_from),
     )  # fmt: skip
     print(json.dumps(summary), flush=True)
     return 0

@@ -22,8 +22,14 @@ The judge is `tracerl train JUDGE.toml --trainer.model=DIR --loop.steps=0`: the 
 environment played greedily through a gateway and the embedded engine on every held-out task,
 success when the episode's reward reaches `eval.success_reward` (1.0). It runs in its own
 process after the runs: on the start checkpoint (as the cold start's own run), on each TRL
-snapshot, and on the tracerl checkpoints nearest a third and two thirds of the budget and the
-last, so every number, curves included, comes from the same code on the same tasks.
+snapshot, and on the tracerl checkpoints nearest a third and two thirds of the budget, the last
+one within half the budget and the last, so every number, curves included, comes from the same
+code on the same tasks.
+
+`--start-from WORK_DIR` takes an earlier `bench learn`'s task files and start checkpoint
+(WORK_DIR/TASK) instead of preparing new ones: a cold start is not bitwise repeatable, so a
+later seed (`--first-seed`) starts from the checkpoint and prompts the earlier seeds had only
+this way.
 """
 
 from __future__ import annotations
@@ -173,6 +179,23 @@ def prepare(task: str, task_dir: Path) -> tuple[Path, float]:
     return start / "cold_start" / "export", last_eval(start)
 
 
+def earlier_start(work_dir: Path, task: str) -> tuple[Path, float]:
+    """An earlier `bench learn`'s start of `task` (`--start-from WORK_DIR`): its start
+    checkpoint's export and held-out success; checked before any training."""
+    task_dir = work_dir / task
+    export = task_dir / "start" / "cold_start" / "export"
+    needed = [task_dir / "train.jsonl", task_dir / "heldout.jsonl", export / "config.json"]
+    missing = next((path for path in needed if not path.is_file()), None)
+    if missing is not None:
+        raise SystemExit(f"bench learn: --start-from {work_dir}: it has no start of {task} "
+                         f"({missing} is missing)")  # fmt: skip
+    try:
+        return export, last_eval(task_dir / "start")
+    except (OSError, ValueError, RuntimeError) as e:
+        raise SystemExit(f"bench learn: --start-from {work_dir}: its start of {task} has no "
+                         f"held-out success: {e}") from None  # fmt: skip
+
+
 def run_config(
     task: str, task_dir: Path, start: Path, system: str, seed: int, minutes: float, every: int
 ) -> str:
@@ -199,8 +222,7 @@ def run_tracerl(
 ) -> dict[str, Any]:
     """One `tracerl train` run of `system` (`tracerl-ALGORITHM[-signal]`) from `start`, with no
     eval of its own, a checkpoint every `every` steps and the config `overrides`; then the judge
-    on the checkpoints nearest a third and two thirds of the budget and on the last one (the
-    points TRL's snapshots give), as its curve."""
+    on the checkpoints `judged_steps` names, as its curve."""
     run_dir = task_dir / f"{system}-seed{seed}"
     path = task_dir / f"{run_dir.name}.toml"
     path.write_text(run_config(task, task_dir, start, system, seed, minutes, every))
@@ -249,10 +271,13 @@ def saved_steps(run_dir: Path) -> list[tuple[float, int]]:
 
 def judged_steps(run_dir: Path, minutes: float) -> list[tuple[float, int]]:
     """(minutes from process start, step) of the checkpoints the judge scores: the ones saved
-    nearest `minutes` / 3 and 2 * `minutes` / 3, and the last."""
+    nearest `minutes` / 3 and 2 * `minutes` / 3 (TRL's snapshots' points), the last one saved
+    within half of `minutes` (the point the target "TRL's final success in at most half the
+    budget" is read at), and the last."""
     saved = saved_steps(run_dir)
     chosen = {min(saved, key=lambda point: abs(point[0] - minutes * k / 3)) for k in (1, 2)}
-    return sorted(chosen | {saved[-1]})
+    in_half = [point for point in saved if point[0] <= minutes / 2]
+    return sorted(chosen | set(in_half[-1:]) | {saved[-1]})
 
 
 def judge_step(task: str, task_dir: Path, run_dir: Path, step: int) -> float:
@@ -407,14 +432,20 @@ def run_task(
     minutes: float,
     every: int,
     overrides: list[str],
+    start_from: Path | None = None,
 ) -> list[dict[str, Any]]:
-    """Prepare `task`'s start checkpoint, then every system and seed from it (the tracerl runs
-    with the config `overrides`); one JSON line per run on stdout, all of them in
-    WORK_DIR/runs.jsonl."""
+    """Prepare `task`'s start checkpoint (or take `start_from`'s, with its task files), then
+    every system and seed from it (the tracerl runs with the config `overrides`); one JSON line
+    per run on stdout, all of them in WORK_DIR/runs.jsonl."""
     task_dir = work / task
     task_dir.mkdir()
-    start, before = prepare(task, task_dir)  # its eval is the judge's on the export
-    print(json.dumps({"task": task, "success_before": before}), flush=True)
+    if start_from is None:
+        start, before = prepare(task, task_dir)  # its eval is the judge's on the export
+    else:
+        start, before = earlier_start(start_from, task)
+        for name in ("train.jsonl", "heldout.jsonl"):
+            shutil.copyfile(start_from / task / name, task_dir / name)
+    print(json.dumps({"task": task, "success_before": before, "start": str(start)}), flush=True)
     runs = []
     for seed in seeds:
         for system in systems:
@@ -422,7 +453,7 @@ def run_task(
                 result = run_trl(task, task_dir, start, seed, minutes)
             else:
                 result = run_tracerl(task, task_dir, start, system, seed, minutes, every, overrides)
-            result.update(task=task, accuracy_before=before)
+            result.update(task=task, accuracy_before=before, start=str(start.resolve()))
             runs.append(result)
             print(json.dumps(result), flush=True)
             with (work / "runs.jsonl").open("a") as f:

@@ -399,6 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="WORK_DIR",
         help="learn: fold an earlier run's WORK_DIR/runs.jsonl into the summary (repeatable)",
     )
+    bench.add_argument(
+        "--start-from",
+        metavar="WORK_DIR",
+        help="learn: the agentic tasks start from an earlier run's start checkpoint and task files",
+    )
     bench.add_argument("--tasks", default="hard,medium", help="learn: tasks (comma-separated)")
     bench.add_argument(
         "--systems", default="tracerl-grpo,tracerl-ppo,trl", help="learn: systems to run"

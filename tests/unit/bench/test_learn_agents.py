@@ -174,9 +174,9 @@ def test_targets_compare_means_worst_seeds_and_time_to_trl_s_final_success() -> 
     assert summary["target_met"] is False
 
 
-def test_the_judge_scores_the_checkpoints_nearest_a_third_and_two_thirds_and_the_last(
-    tmp_path: Path,
-) -> None:
+def test_the_judge_scores_thirds_half_and_last_checkpoints(tmp_path: Path) -> None:
+    """The checkpoints nearest a third and two thirds of the budget (TRL's snapshots' points),
+    the last one within half the budget (where the half-budget target is read) and the last."""
     with (tmp_path / "metrics.jsonl").open("w") as f:
         for step in range(1, 31):  # one step every 30 s
             f.write(json.dumps({"step": step, "rollout/reward_mean": 0.0,
@@ -185,8 +185,15 @@ def test_the_judge_scores_the_checkpoints_nearest_a_third_and_two_thirds_and_the
         directory = tmp_path / "checkpoints" / f"{PREFIX}{step}"
         directory.mkdir(parents=True)
         (directory / MANIFEST).write_text("{}")
-    # 15 minutes: 5 min is step 10 (saved: 9 at 4.5 min, 12 at 6), 10 min is step 20 (21)
-    assert learn_agents.judged_steps(tmp_path, 15) == [(4.5, 9), (10.5, 21), (15.0, 30)]
+    # 15 minutes: 5 min is step 10 (saved: 9 at 4.5 min, 12 at 6), 7.5 min is step 15 (saved),
+    # 10 min is step 20 (21)
+    assert learn_agents.judged_steps(tmp_path, 15) == [
+        (4.5, 9), (7.5, 15), (10.5, 21), (15.0, 30)
+    ]  # fmt: skip
+    # 16 minutes: the last within 8 is step 15 (18 is at 9), not the nearer one after it
+    assert learn_agents.judged_steps(tmp_path, 16)[1] == (7.5, 15)
+    # 9 minutes: a third is 3 (step 6), half is 4.5 (step 9), two thirds 6 (step 12)
+    assert learn_agents.judged_steps(tmp_path, 9) == [(3.0, 6), (4.5, 9), (6.0, 12), (15.0, 30)]
 
 
 def test_a_judged_checkpoint_s_minutes_leave_out_the_checkpoint_writes_before_it(
@@ -251,4 +258,63 @@ def test_a_signal_system_refuses_a_task_without_a_difficulty_field(tmp_path: Pat
     with pytest.raises(SystemExit, match="needs tasks with a difficulty field .guess: high.; "
                        "calculator has none"):  # fmt: skip
         learn.main(args)
+    assert not (tmp_path / "w").exists()
+
+
+def earlier_work_dir(work: Path, task: str = "files") -> Path:
+    """What `bench learn` leaves of a task's start: its task files, the cold start's export and
+    the start run's eval (the held-out success before)."""
+    task_dir = work / task
+    task_dir.mkdir(parents=True)
+    learn_agents.write_task_files(task_dir, task)
+    export = task_dir / "start" / "cold_start" / "export"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    (task_dir / "start" / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "eval/accuracy": 0.22}) + "\n"
+    )
+    return work
+
+
+def test_a_later_seed_starts_from_an_earlier_run_s_start(tmp_path: Path, monkeypatch) -> None:
+    """`--start-from WORK_DIR`: every run starts from that run's start checkpoint and trains and
+    is judged on its task files (copied), with its held-out success as the before."""
+    earlier = earlier_work_dir(tmp_path / "earlier")
+    calls = []
+
+    def fake_run(task, task_dir, start, system, seed, minutes, every, overrides):
+        calls.append((task, start, system, seed))
+        return {"system": system, "seed": seed, "accuracy_after": 0.3, "steps": 5}
+
+    monkeypatch.setattr(learn_agents, "run_tracerl", fake_run)
+    work = tmp_path / "work"
+    work.mkdir()
+    runs = learn_agents.run_task("files", work, ["tracerl-grpo"], range(2, 3), 15, 3, [], earlier)
+    export = earlier / "files" / "start" / "cold_start" / "export"
+    assert calls == [("files", export, "tracerl-grpo", 2)]
+    assert runs[0]["accuracy_before"] == 0.22 and runs[0]["start"] == str(export.resolve())
+    for name in ("train.jsonl", "heldout.jsonl"):
+        assert (work / "files" / name).read_bytes() == (earlier / "files" / name).read_bytes()
+
+
+def test_a_start_from_without_a_start_stops_before_any_training(tmp_path: Path) -> None:
+    from tracerl.bench import learn
+    from tracerl.cli.main import build_parser
+
+    earlier = earlier_work_dir(tmp_path / "earlier")
+
+    def main(*argv: str) -> None:
+        args = build_parser().parse_args(
+            ["bench", "learn", "--systems", "tracerl-grpo", "--work-dir", str(tmp_path / "w"),
+             *argv]
+        )  # fmt: skip
+        learn.main(args)
+
+    with pytest.raises(SystemExit, match="it has no start of guess .*guess/train.jsonl"):
+        main("--tasks", "files,guess", "--start-from", str(earlier))
+    with pytest.raises(SystemExit, match="--start-from is for the agentic tasks"):
+        main("--tasks", "hard", "--start-from", str(earlier))
+    (earlier / "files" / "start" / "metrics.jsonl").write_text("{}\n")  # no eval recorded
+    with pytest.raises(SystemExit, match="its start of files has no held-out success"):
+        main("--tasks", "files", "--start-from", str(earlier))
     assert not (tmp_path / "w").exists()
