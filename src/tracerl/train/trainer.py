@@ -259,7 +259,8 @@ class Trainer:
         generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step_count)
         try:
             if self.config.uses_critic:
-                trained = self._ppo_step(batch, shard, metrics, generator)
+                uniform = len({s.reward for s in samples}) == 1  # the whole batch's rewards
+                trained = self._ppo_step(batch, shard, metrics, generator, uniform)
             else:
                 trained = self._group_step(batch, shard, samples, metrics, generator)
         finally:
@@ -372,8 +373,15 @@ class Trainer:
             return out
 
     def _ppo_step(
-        self, batch: PackedBatch, shard: Shard, metrics: Metrics, generator: torch.Generator
+        self,
+        batch: PackedBatch,
+        shard: Shard,
+        metrics: Metrics,
+        generator: torch.Generator,
+        uniform_rewards: bool,
     ) -> list[int]:
+        """One PPO step; `uniform_rewards`: every episode of the whole batch has the same
+        reward (its advantages are whitened only with `whiten_uniform_batches`)."""
         cfg = self.config
         assert self.critic is not None and self.critic_optimizer is not None
         samples = list(range(batch.size))
@@ -422,8 +430,10 @@ class Trainer:
         if warmup:
             metrics.set("critic/warmup", 1.0)
             return samples
-        if cfg.whiten_advantages:
+        whitened = cfg.whiten_advantages and (cfg.whiten_uniform_batches or not uniform_rewards)
+        if whitened:
             advantages = whiten(advantages, mask)
+        metrics.set("adv/whitened", float(whitened))
         for key, value in token_stats(advantages, mask).items():
             metrics.set(f"adv/{key}", value)
         self._train_actor(batch, shard, True, mbs, advantages, old, ref, metrics, generator)

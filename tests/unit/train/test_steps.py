@@ -227,6 +227,29 @@ def test_a_step_with_no_signal_still_steps_the_optimizer(make_trainer: MakeTrain
     assert trainer.actor_scheduler.last_epoch == 2 and trainer.step_count == 2
 
 
+@pytest.mark.parametrize("whiten_uniform", [False, True])
+def test_a_ppo_batch_with_one_reward_is_not_whitened_unless_asked(
+    make_trainer: MakeTrainer, whiten_uniform: bool
+) -> None:
+    """A batch whose episodes all scored the same has advantages from the critic's errors
+    alone: whitening them would scale noise to a full-size update, so by default they train as
+    they are; `whiten_uniform_batches` whitens them too, and a batch with different rewards is
+    always whitened."""
+    trainer = make_trainer(algorithm="ppo", whiten_uniform_batches=whiten_uniform)
+    base = make_samples(3, count=6)
+    varied = trainer.step(base)
+    assert varied["adv/whitened"] == 1.0 and varied["adv/std"] == pytest.approx(1.0, rel=0.1)
+    same = trainer.step(with_rewards(base, [0.0] * 6))
+    assert same["adv/whitened"] == float(whiten_uniform)
+    if whiten_uniform:
+        assert same["adv/std"] == pytest.approx(1.0, rel=0.1)
+    else:  # the critic's errors at their own scale: the values of a fresh head are small
+        assert 0.0 < same["adv/std"] < 0.5
+    # and without whitening at all, neither is
+    plain = make_trainer(algorithm="ppo", whiten_advantages=False).step(base)
+    assert plain["adv/whitened"] == 0.0
+
+
 def test_kl_in_reward_shapes_the_value_targets_and_kl_loss_does_not(
     make_trainer: MakeTrainer, tiny: tuple[Any, Any]
 ) -> None:
