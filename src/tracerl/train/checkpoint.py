@@ -31,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
 import warnings
@@ -192,6 +193,36 @@ def write_checkpoint(
         for stale in list_checkpoints(root)[:-keep_last_n]:
             shutil.rmtree(stale)
     return Path(target)
+
+
+def training_state(step: int, actor_scheduler: Any, critic_scheduler: Any | None) -> dict[str, Any]:
+    """What a resume restores beside the weights and optimizers: the step, the learning-rate
+    schedules and every random generator's state (`restore_training_state` puts them back)."""
+    state: dict[str, Any] = {
+        "step": step,
+        "actor_scheduler": actor_scheduler.state_dict(),
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        },
+    }
+    if critic_scheduler is not None:
+        state["critic_scheduler"] = critic_scheduler.state_dict()
+    return state
+
+
+def restore_training_state(
+    state: dict[str, Any], actor_scheduler: Any, critic_scheduler: Any | None
+) -> None:
+    """Put back what `training_state` saved: the schedules and the random generators."""
+    actor_scheduler.load_state_dict(state["actor_scheduler"])
+    if critic_scheduler is not None:
+        critic_scheduler.load_state_dict(state["critic_scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    random.setstate(state["rng"]["python"])
+    if state["rng"]["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["rng"]["cuda"])
 
 
 def _nbytes(tree: Any) -> int:

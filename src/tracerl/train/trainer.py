@@ -512,20 +512,6 @@ class Trainer:
 
     # ---- checkpoints and export -------------------------------------------------------------
 
-    def _checkpoint_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "step": self.step_count,
-            "actor_scheduler": self.actor_scheduler.state_dict(),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            },
-        }
-        if self.critic_scheduler is not None:
-            state["critic_scheduler"] = self.critic_scheduler.state_dict()
-        return state
-
     def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
         out = {"actor": self.actor_optimizer}
         if self.critic_optimizer is not None:
@@ -546,7 +532,7 @@ class Trainer:
             self.config.model_dump(mode="json"),
             self._models(trained_only=True),
             self._optimizers(),
-            self._checkpoint_state(),
+            ckpt.training_state(self.step_count, self.actor_scheduler, self.critic_scheduler),
             loop_state,
             self.config.keep_last_n,
         )
@@ -571,13 +557,7 @@ class Trainer:
             self._optimizers(),
             RESUME_SAFE_FIELDS,
         )
-        self.actor_scheduler.load_state_dict(state["actor_scheduler"])
-        if self.critic_scheduler is not None:
-            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
-        torch.set_rng_state(state["rng"]["torch"])
-        random.setstate(state["rng"]["python"])
-        if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        ckpt.restore_training_state(state, self.actor_scheduler, self.critic_scheduler)
         self.step_count = step
         return loop_state
 

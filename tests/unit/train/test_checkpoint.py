@@ -11,7 +11,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from transformers import AutoModelForCausalLM
 
 from tracerl.engine.weights import copy_weights, read_weights_dir
-from tracerl.train.checkpoint import CheckpointError, _digest, latest_checkpoint, list_checkpoints
+from tracerl.train.checkpoint import (
+    CheckpointError,
+    _digest,
+    latest_checkpoint,
+    list_checkpoints,
+    training_state,
+)
 from tracerl.train.models import load_value_model
 from tracerl.train.trainer import Trainer
 
@@ -212,7 +218,7 @@ def test_a_checkpoint_of_the_previous_format_still_resumes(
     for name, model in (("actor", trainer.actor), ("critic", trainer.critic)):
         assert model is not None
         save_model(model, str(old / f"{name}.safetensors"))
-    state = trainer._checkpoint_state()
+    state = training_state(trainer.step_count, trainer.actor_scheduler, trainer.critic_scheduler)
     state["actor_optimizer"] = trainer.actor_optimizer.state_dict()
     assert trainer.critic_optimizer is not None
     state["critic_optimizer"] = trainer.critic_optimizer.state_dict()
