@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracerl.bench import learn_trl  # the first heavy import: its STARTED_AT starts the budget
 from tracerl.envs.calculator import INSTRUCTION, SINGLE_OPERATION_TOOL, run_tool
@@ -104,12 +105,6 @@ class FileSystem:
 
 _as_tool(FileSystem.list_files, LIST_TOOL)
 _as_tool(FileSystem.read_file, READ_TOOL)
-TOOLS: dict[str, tuple[list[Any], list[Any]]] = {
-    # per task: tracerl's tools, and the functions TRL builds its schemas from, in one order
-    "calculator": ([SINGLE_OPERATION_TOOL], [calculate]),
-    "guess": ([GUESS_TOOL], [GuessGame.guess]),
-    "files": ([LIST_TOOL, READ_TOOL], [FileSystem.list_files, FileSystem.read_file]),
-}
 
 
 def _final_text(messages: list[dict[str, Any]]) -> str | None:
@@ -144,11 +139,42 @@ def guess_reward(
     return out
 
 
+class TaskSide(NamedTuple):
+    """What TRL's side of one task is made of."""
+
+    tools: list[dict[str, Any]]
+    """tracerl's tools, in order"""
+    functions: list[Any]
+    """the functions TRL builds its tool schemas from, in the same order"""
+    reward: Callable[..., list[float | None]]
+    environment: type | None = None
+    """the `environment_factory` class (None: `tools=` the functions, stateless)"""
+    state: str | None = None
+    """the task field the environment's `reset` reads"""
+    suffix: str = ""
+    """what tracerl's environment appends to the task's prompt"""
+
+
+TASKS: dict[str, TaskSide] = {
+    "calculator": TaskSide(
+        [SINGLE_OPERATION_TOOL], [calculate], final_answer_reward, suffix=f"\n{INSTRUCTION}"
+    ),
+    "guess": TaskSide([GUESS_TOOL], [GuessGame.guess], guess_reward, GuessGame, "high"),
+    "files": TaskSide(
+        [LIST_TOOL, READ_TOOL],
+        [FileSystem.list_files, FileSystem.read_file],
+        final_answer_reward,
+        FileSystem,
+        "files",
+    ),
+}
+
+
 def check_same_prompt(tokenizer: Any, task: str, first_prompt: list[dict[str, str]]) -> None:
     """Stop unless TRL's tool schema renders exactly as tracerl's tool (same prompt tokens)."""
     from transformers.utils import get_json_schema
 
-    ours, functions = TOOLS[task]
+    ours, functions = TASKS[task].tools, TASKS[task].functions
     theirs = [get_json_schema(f) for f in functions]
     render = [
         tokenizer.apply_chat_template(
@@ -162,6 +188,19 @@ def check_same_prompt(tokenizer: Any, task: str, first_prompt: list[dict[str, st
         )
 
 
+def dataset_rows(side: TaskSide, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """TRL's dataset: per task, the user message tracerl's environment sends, the answer the
+    reward reads, and the field the environment's `reset` reads."""
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"{t['prompt']}{side.suffix}"}],
+            "answer": t["answer"],
+            **({side.state: t[side.state]} if side.state else {}),
+        }
+        for t in tasks
+    ]
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     """Load the start checkpoint, run GRPO until the budget is spent, snapshot the weights."""
     from datasets import Dataset
@@ -173,17 +212,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads:
         learn_trl.torch.set_num_threads(args.threads)
-    tasks = read_jsonl(args.train, ("prompt", "answer"))
-    suffix = f"\n{INSTRUCTION}" if args.task == "calculator" else ""
-    state = {"guess": "high", "files": "files"}.get(args.task)  # what reset() reads
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": f"{t['prompt']}{suffix}"}],
-            "answer": t["answer"],
-            **({state: t[state]} if state else {}),
-        }
-        for t in tasks
-    ]
+    side = TASKS[args.task]
+    rows = dataset_rows(side, read_jsonl(args.train, ("prompt", "answer")))
     model, tokenizer = load_policy(str(args.model))
     tokenizer.chat_template = read_template("chatml")
     tokenizer.response_template = qwen3_template  # how TRL reads the calls back
@@ -200,12 +230,12 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     config = learn_trl.grpo_config(args)
     config.max_tool_calling_iterations = args.max_turns - 1
     config.generation_kwargs = {"max_new_tokens": args.max_tokens_per_turn}
-    factory = {"guess": GuessGame, "files": FileSystem}.get(args.task)
-    tools: dict[str, Any] = {"environment_factory": factory} if factory else {"tools": [calculate]}
-    reward = guess_reward if args.task == "guess" else final_answer_reward
+    tools: dict[str, Any] = (
+        {"environment_factory": side.environment} if side.environment else {"tools": side.functions}
+    )
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=reward,
+        reward_funcs=side.reward,
         args=config,
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
@@ -222,7 +252,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m tracerl.bench.learn_trl_agents", description=__doc__
     )
     learn_trl.add_arguments(parser, group_size=4, max_new_tokens=1024)
-    parser.add_argument("--task", choices=tuple(TOOLS), required=True)
+    parser.add_argument("--task", choices=tuple(TASKS), required=True)
     parser.add_argument("--model", type=Path, required=True, help="the start checkpoint")
     parser.add_argument("--max-turns", type=int, required=True, help="model turns per episode")
     parser.add_argument("--max-tokens-per-turn", type=int, default=64)

@@ -13,16 +13,18 @@ from transformers.utils import get_json_schema
 
 from tracerl.bench import learn_agents, learn_trl_agents
 from tracerl.bench.learn_trl_agents import (
-    TOOLS,
+    TASKS,
     FileSystem,
     GuessGame,
     calculate,
     check_same_prompt,
+    dataset_rows,
     final_answer_reward,
     guess_reward,
 )
 from tracerl.config import TrainCommandConfig, load_config
-from tracerl.envs.calculator import ONE_OPERATION_ERROR
+from tracerl.envs.calculator import INSTRUCTION, ONE_OPERATION_ERROR
+from tracerl.envs.registry import generate_tasks
 from tracerl.gateway.render import ChatRenderer
 from tracerl.models import load_tokenizer, resolve_model
 from tracerl.train.checkpoint import MANIFEST, PREFIX
@@ -72,16 +74,16 @@ def chatml() -> Any:
 
 
 def test_every_agentic_task_has_its_trl_side() -> None:
-    assert set(TOOLS) == set(learn_agents.AGENT_TASKS)
+    assert set(TASKS) == set(learn_agents.AGENT_TASKS)
 
 
-@pytest.mark.parametrize("task", sorted(TOOLS))
+@pytest.mark.parametrize("task", sorted(TASKS))
 def test_trl_sees_the_prompt_tracerl_renders(
     chatml: Any, task: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """TRL builds its tool list from the functions (transformers' `get_json_schema`): it must
     be tracerl's tools exactly, in order, so both systems train on the same prompt tokens."""
-    tools, functions = TOOLS[task]
+    tools, functions = TASKS[task].tools, TASKS[task].functions
     assert [get_json_schema(f) for f in functions] == tools
     messages = [{"role": "user", "content": "What is 12 * 3 + 4?"}]
     ours = ChatRenderer(chatml).render(messages, tools)
@@ -96,9 +98,30 @@ def test_trl_sees_the_prompt_tracerl_renders(
     check_same_prompt(chatml, task, messages)  # the harness's own guard passes...
     tool = tools[-1]
     changed = {**tool, "function": {**tool["function"], "description": "another"}}
-    monkeypatch.setitem(learn_trl_agents.TOOLS, task, ([*tools[:-1], changed], functions))
+    changed_side = TASKS[task]._replace(tools=[*tools[:-1], changed])
+    monkeypatch.setitem(learn_trl_agents.TASKS, task, changed_side)
     with pytest.raises(SystemExit, match="differs"):  # ...and stops a run on a mismatch
         check_same_prompt(chatml, task, messages)
+
+
+@pytest.mark.parametrize("task", learn_agents.AGENT_TASKS)
+def test_trl_s_rows_hold_the_prompt_answer_and_state_of_tracerl_s_task(task: str) -> None:
+    """TRL's dataset row: the user message tracerl's environment sends (the calculator's with
+    its instruction), the answer, and what the environment's `reset` reads to set the task."""
+    tasks = generate_tasks(task, 3, 0)
+    rows = dataset_rows(TASKS[task], tasks)
+    for task_row, row in zip(tasks, rows, strict=True):
+        [message] = row["prompt"]
+        suffix = f"\n{INSTRUCTION}" if task == "calculator" else ""
+        assert message == {"role": "user", "content": task_row["prompt"] + suffix}
+        assert row["answer"] == task_row["answer"]
+        environment = TASKS[task].environment
+        if environment is None:  # stateless tools: nothing to reset
+            assert set(row) == {"prompt", "answer"}
+            continue
+        env = environment()
+        env.reset(**{k: v for k, v in row.items() if k != "prompt"})
+        assert env.task[TASKS[task].state] == task_row[TASKS[task].state]
 
 
 def test_trl_tools_answer_as_tracerl_s_environments_do() -> None:
