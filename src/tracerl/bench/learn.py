@@ -22,7 +22,9 @@ tracerl took to reach TRL's final accuracy; the targets and `target_met`. The cu
 (held-out accuracy against minutes) are drawn to `WORK_DIR/learn_curves.png` (as `tracerl
 plot WORK_DIR` draws them). `--first-seed N` runs seeds N.. (a later seed alone), and
 `--include WORK_DIR` adds an earlier run's `runs.jsonl` to the summary: the same budget and
-settings are the caller's to keep; a run that would be counted twice is refused. On the
+settings are the caller's to keep; a run that would be counted twice is refused. `--seeds 0`
+runs nothing: it pools the `--include` runs into WORK_DIR (their lines and curves) and prints
+their summary, for seeds that separate commands ran. On the
 agentic tasks, `--start-from WORK_DIR` reuses that run's start checkpoint and task files
 (`learn_agents`), so a later seed starts where the earlier ones did.
 
@@ -256,7 +258,10 @@ def main(args: argparse.Namespace) -> int:
             f"bench learn: {signal[0]} needs tasks with a difficulty field ({fields}); "
             f"{', '.join(lacking)} has none"
         )
-    if "trl" in systems:
+    if args.seeds < 0 or (args.seeds == 0 and not args.include):
+        raise SystemExit("bench learn: --seeds takes a count of seeds to run; 0 runs none and "
+                         "summarises the runs given by --include")  # fmt: skip
+    if "trl" in systems and args.seeds:
         try:
             import trl  # noqa: F401
         except ImportError:
@@ -300,6 +305,10 @@ def main(args: argparse.Namespace) -> int:
         vllm_python = os.path.abspath(_vllm_python(args.engine_python))
     work = Path(args.work_dir or f"runs/bench-learn-{time.strftime('%Y%m%d-%H%M%S')}")
     work.mkdir(parents=True, exist_ok=False)
+    if not args.seeds:  # a summary of earlier runs only: WORK_DIR holds them, pooled, and plots
+        write_jsonl(work / "runs.jsonl", included)
+        plot_learn(work)
+        return report(args, work, tasks, agent_tasks, included, [], [], overrides, start_from)
     runs = []
     for task in tasks:
         task_dir = work / task
@@ -332,6 +341,23 @@ def main(args: argparse.Namespace) -> int:
     runs += agent_runs
     write_jsonl(work / "runs.jsonl", runs)
     plot_learn(work)
+    return report(args, work, tasks, agent_tasks, included, runs, agent_runs, overrides,
+                  start_from)  # fmt: skip
+
+
+def report(
+    args: argparse.Namespace,
+    work: Path,
+    tasks: list[str],
+    agent_tasks: list[str],
+    included: list[dict[str, Any]],
+    runs: list[dict[str, Any]],
+    agent_runs: list[dict[str, Any]],
+    overrides: list[str],
+    start_from: Path | None,
+) -> int:
+    """Print the summary line over the included and the new runs (all of `runs`, of which
+    `agent_runs` are the agentic tasks')."""
     summary: dict[str, Any] = {"tasks": {}, "target_met": True}
     if tasks:
         summary = summarise(included + runs, tasks, args.minutes)

@@ -388,7 +388,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="loop: simulated engines (tiny trainer), the real model's embedded engine, or both",
     )
     bench.add_argument("--minutes", type=float, default=15.0, help="learn: budget per run")
-    bench.add_argument("--seeds", type=int, default=3, help="learn: seeds per system and task")
+    bench.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="learn: seeds per system and task (0: run none, summarise the --include runs)",
+    )
     bench.add_argument(
         "--first-seed", type=int, default=0, help="learn: run seeds FIRST..FIRST+SEEDS-1"
     )

@@ -215,3 +215,39 @@ def test_a_tracerl_run_is_judged_on_every_checkpoint_it_saved(
     assert record["accuracy_after"] == 0.7 and record["steps"] == 47
     assert record["overrides"] == ["trainer.autocast=bfloat16"]
     assert not (task_dir / "tracerl-grpo-seed1" / "checkpoints").exists()
+
+
+def test_seeds_0_summarises_earlier_runs_without_running_any(tmp_path: Path, capsys) -> None:
+    """`--seeds 0` pools the `--include` work dirs' runs (seeds run by separate commands) into
+    one summary line, and WORK_DIR holds them and their curves; it trains and loads nothing,
+    and without `--include` it is refused."""
+    import json
+
+    from tracerl.cli.main import main
+
+    def agent(system: str, seed: int, success: float, curve: list) -> dict:
+        line = run(system, seed, success, 20, task="files", curve=curve)
+        return {**line, "overrides": [], "accuracy_before": 0.2}
+
+    earlier, later = tmp_path / "earlier", tmp_path / "later"
+    for path, runs in (
+        (earlier, [agent("trl", s, 0.2, [[5, 0.2], [15, 0.2]]) for s in (0, 1, 2)]),
+        (later, [agent("tracerl-grpo", s, 0.4, [[5, 0.3], [15, 0.4]]) for s in (0, 1, 2)]),
+    ):
+        path.mkdir()
+        (path / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    argv = ["bench", "learn", "--tasks", "files", "--seeds", "0"]
+    with pytest.raises(SystemExit, match="--include"):
+        main([*argv, "--work-dir", str(tmp_path / "none")])
+    assert not (tmp_path / "none").exists()
+    work = tmp_path / "pooled"
+    assert main([*argv, "--include", str(earlier), "--include", str(later),
+                 "--work-dir", str(work)]) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    files = summary["tasks"]["files"]
+    assert files["systems"]["tracerl-grpo"]["seeds"] == files["systems"]["trl"]["seeds"] == 3
+    assert files["tracerl-grpo_vs_trl"]["minutes_to_trl_final"] == {"0": 5, "1": 5, "2": 5}
+    assert summary["target_met"] is True and summary["seeds"] == 0
+    assert len((work / "runs.jsonl").read_text().splitlines()) == 6
+    assert (work / "learn_curves.png").is_file()
+    assert sorted(p.name for p in work.iterdir()) == ["learn_curves.png", "runs.jsonl"]
