@@ -283,6 +283,9 @@ def main(args: argparse.Namespace) -> int:
             "bench learn: --include holds runs this summary would count twice: "
             + ", ".join(f"{task}/{system}/seed{seed}" for task, system, seed in repeated)
         )
+    if not args.seeds and not included:
+        raise SystemExit(f"bench learn: --seeds 0: the --include work dirs hold no runs of "
+                         f"{', '.join(tasks + agent_tasks)}")  # fmt: skip
     overrides: list[str] = getattr(args, "overrides", [])
     check_overrides(overrides, included, planned)
     start_from = getattr(args, "start_from", None)

@@ -239,6 +239,9 @@ def test_seeds_0_summarises_earlier_runs_without_running_any(tmp_path: Path, cap
     argv = ["bench", "learn", "--tasks", "files", "--seeds", "0"]
     with pytest.raises(SystemExit, match="--include"):
         main([*argv, "--work-dir", str(tmp_path / "none")])
+    with pytest.raises(SystemExit, match="hold no runs of medium"):
+        main(["bench", "learn", "--tasks", "medium", "--seeds", "0", "--include", str(earlier),
+              "--work-dir", str(tmp_path / "none")])  # fmt: skip
     assert not (tmp_path / "none").exists()
     work = tmp_path / "pooled"
     assert main([*argv, "--include", str(earlier), "--include", str(later),
