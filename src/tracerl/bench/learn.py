@@ -258,7 +258,7 @@ def main(args: argparse.Namespace) -> int:
             f"bench learn: {signal[0]} needs tasks with a difficulty field ({fields}); "
             f"{', '.join(lacking)} has none"
         )
-    if args.seeds < 0 or (args.seeds == 0 and not args.include):
+    if args.seeds < 0:
         raise SystemExit("bench learn: --seeds takes a count of seeds to run; 0 runs none and "
                          "summarises the runs given by --include")  # fmt: skip
     if "trl" in systems and args.seeds:
@@ -284,7 +284,8 @@ def main(args: argparse.Namespace) -> int:
             + ", ".join(f"{task}/{system}/seed{seed}" for task, system, seed in repeated)
         )
     if not args.seeds and not included:
-        raise SystemExit(f"bench learn: --seeds 0: the --include work dirs hold no runs of "
+        raise SystemExit(f"bench learn: --seeds 0 summarises earlier runs: the --include work "
+                         f"dirs ({len(args.include)} given) hold no runs of "
                          f"{', '.join(tasks + agent_tasks)}")  # fmt: skip
     overrides: list[str] = getattr(args, "overrides", [])
     check_overrides(overrides, included, planned)
@@ -311,7 +312,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.seeds:  # a summary of earlier runs only: WORK_DIR holds them, pooled, and plots
         write_jsonl(work / "runs.jsonl", included)
         plot_learn(work)
-        return report(args, work, tasks, agent_tasks, included, [], [], overrides, start_from)
+        return report(args, work, tasks, agent_tasks, included, [], overrides, start_from)
     runs = []
     for task in tasks:
         task_dir = work / task
@@ -335,17 +336,14 @@ def main(args: argparse.Namespace) -> int:
                 runs.append(result)
                 print(json.dumps(result), flush=True)
                 write_jsonl(work / "runs.jsonl", runs)
-    agent_runs = []
     for task in agent_tasks:
-        agent_runs += learn_agents.run_task(
+        runs += learn_agents.run_task(
             task, work, systems, seeds_run, args.minutes, args.agent_checkpoint_every,
             overrides, start_from,
         )  # fmt: skip
-    runs += agent_runs
     write_jsonl(work / "runs.jsonl", runs)
     plot_learn(work)
-    return report(args, work, tasks, agent_tasks, included, runs, agent_runs, overrides,
-                  start_from)  # fmt: skip
+    return report(args, work, tasks, agent_tasks, included, runs, overrides, start_from)
 
 
 def report(
@@ -355,17 +353,16 @@ def report(
     agent_tasks: list[str],
     included: list[dict[str, Any]],
     runs: list[dict[str, Any]],
-    agent_runs: list[dict[str, Any]],
     overrides: list[str],
     start_from: Path | None,
 ) -> int:
-    """Print the summary line over the included and the new runs (all of `runs`, of which
-    `agent_runs` are the agentic tasks')."""
+    """Print the summary line over the included and the new runs (each summary takes its own
+    tasks' runs)."""
     summary: dict[str, Any] = {"tasks": {}, "target_met": True}
     if tasks:
         summary = summarise(included + runs, tasks, args.minutes)
     if agent_tasks:
-        agents = learn_agents.summarise(included + agent_runs, agent_tasks, args.minutes)
+        agents = learn_agents.summarise(included + runs, agent_tasks, args.minutes)
         summary["tasks"].update(agents["tasks"])
         summary["target_met"] = summary["target_met"] and agents["target_met"]
     seeds = sorted({(r["task"], r["system"], r["seed"]) for r in included + runs})
