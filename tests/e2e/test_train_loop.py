@@ -99,6 +99,32 @@ async def test_grpo_steps_record_traces_checkpoint_and_resume(tmp_path: Path) ->
     assert sessions(run_dir) > recorded  # the same store, appended to
 
 
+async def test_snapshots_hold_the_weights_of_their_step_and_the_last(tmp_path: Path) -> None:
+    """`loop.snapshot_every`: every N steps and at the end, the actor's weights as `tracerl
+    export` writes them (loadable by transformers), each its step's own weights, the write's
+    time on its step's record; checkpoints keep their own interval."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from tracerl.train.export import checkpoint_actor, list_snapshots
+
+    config = tiny_config("loop.steps=3", "loop.snapshot_every=2", "loop.checkpoint_every=100")
+    assert await RLLoop(config, tmp_path).run() == 0
+    snapshots = list_snapshots(tmp_path)
+    assert list(snapshots) == [2, 3]  # step 2, and the last
+    records = {int(r["step"]): r for r in metrics(tmp_path) if "rollout/reward_mean" in r}
+    assert records[2]["time/snapshot_s"] > 0
+    assert "time/snapshot_s" not in records[1] and "time/checkpoint_s" not in records[2]
+    actor, _, _ = checkpoint_actor(tmp_path, 3)  # the end's checkpoint, the only one
+    last = load_file(snapshots[3] / "model.safetensors")
+    assert all(torch.equal(last[name], tensor) for name, tensor in actor.state_dict().items()
+               if name in last)  # fmt: skip
+    assert len(last) >= len(actor.state_dict()) - 1  # all of it (a tied head may be one name)
+    step2 = load_file(snapshots[2] / "model.safetensors")
+    assert any(not torch.equal(step2[name], last[name]) for name in last)  # step 3 trained
+    AutoModelForCausalLM.from_pretrained(snapshots[2])  # a model directory as exported
+
+
 async def _any_session(run_dir: Path) -> str:
     """A session with a recorded turn: episodes cancelled when the run stopped (or shed) leave
     sessions without any, and `SELECT id FROM sessions` returns the smallest random id."""

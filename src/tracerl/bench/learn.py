@@ -6,8 +6,9 @@ every system trains SmolLM2-135M-Instruct on the same train prompts with the sam
 budget (`--minutes`, from its process's start: imports and model loading are charged):
 
 - `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config, as a user runs it, with
-  `loop.max_minutes` as the budget, no eval of its own and a checkpoint every `--eval-every`
-  steps (their writes charged to the budget, left out of the curve's minutes); `tracerl
+  `loop.max_minutes` as the budget, no eval of its own and a snapshot of the actor's weights
+  every `--eval-every` steps (`loop.snapshot_every`: their writes, ~1 s each, charged to the
+  budget and left out of the curve's minutes, as TRL's snapshots are); `tracerl
   train` overrides given to the command (`--trainer.autocast=bfloat16`) apply to these runs,
   and each run's line records them;
 - `trl`: TRL's `GRPOTrainer` (`learn_trl`, loss `dapo`, beta 0), its periodic evals not charged.
@@ -15,7 +16,7 @@ budget (`--minutes`, from its process's start: imports and model loading are cha
 The judge is one function for all: greedy accuracy on 200 held-out prompts (disjoint from the
 train prompts) with plain HF `generate`, on the base model (before), in TRL's process on its
 weights every third of the budget and at the end (its time left out of TRL's budget), and
-after each tracerl run on every checkpoint it saved (its curve; the last is its score): no
+after each tracerl run on every snapshot it wrote (its curve; the last is its score): no
 system's evals are charged. One JSON line per run, then the summary: per system and task,
 mean / worst / best accuracy after and steps; the ratios against TRL; on each seed the minutes
 tracerl took to reach TRL's final accuracy; the targets and `target_met`. The curves
@@ -67,18 +68,18 @@ def tracerl_config(
     heldout: Path,
     seed: int,
     minutes: float,
-    checkpoint_every: int | None = None,
+    snapshot_every: int | None = None,
     engine: str = "",
 ) -> str:
     """The `tracerl train` config of one run: the issue's settings, nothing tuned per task; no
-    eval of its own; a checkpoint every `checkpoint_every` steps, all kept for the judge (None:
-    one at the end); `engine`: extra `[engine]` lines (another backend)."""
+    eval of its own; a snapshot every `snapshot_every` steps and at the end for the judge
+    (None: none); `engine`: extra `[engine]` lines (another backend)."""
     return train_config(
         model="smollm2-135m", algorithm=algorithm, seed=seed, lr=LR, token_budget=4096,
         env='name = "arithmetic"', max_tokens=DEFAULT_MAX_NEW_TOKENS, train=train,
         heldout=heldout, batch_size=PROMPTS_PER_STEP * GROUP_SIZE, group_size=GROUP_SIZE,
         steps=100000, minutes=minutes, eval_every=0,
-        checkpoint_every=checkpoint_every or 100_000, keep_last_n=10_000 if checkpoint_every else 2,
+        snapshot_every=snapshot_every,
         engine=f"kv_cache_tokens = 16384\nmax_running_requests = 64\nmax_model_len = 512\n{engine}",
     )  # fmt: skip
 
@@ -88,12 +89,12 @@ def run_tracerl(
     task_dir: Path,
     seed: int,
     minutes: float,
-    checkpoint_every: int,
+    snapshot_every: int,
     overrides: list[str],
     vllm_python: str | None = None,
 ) -> dict[str, Any]:
     """One `tracerl train` process with the config `overrides`; its steps, and the judge on
-    every checkpoint it saved, after it (its curve; the last one is its score). With
+    every snapshot it wrote, after it (its curve; the last one is its score). With
     `vllm_python`, vLLM generates (the system is then `tracerl-ALGORITHM-vllm`)."""
     system = f"tracerl-{algorithm}" + ("-vllm" if vllm_python else "")
     run_dir = task_dir / f"{system}-seed{seed}"
@@ -102,22 +103,21 @@ def run_tracerl(
     config.write_text(
         tracerl_config(
             algorithm, (task_dir / "train.jsonl").resolve(),
-            (task_dir / "heldout.jsonl").resolve(), seed, minutes, checkpoint_every, engine,
+            (task_dir / "heldout.jsonl").resolve(), seed, minutes, snapshot_every, engine,
         )
     )  # fmt: skip
     return learn_agents.judged_run(
         config, run_dir, system, seed, minutes * 60 + OVERRUN_S, overrides,
-        learn_agents.saved_steps, lambda step: judge_checkpoint(run_dir, task_dir, step),
+        learn_agents.saved_steps, lambda step: judge_snapshot(run_dir, task_dir, step),
     )  # fmt: skip
 
 
-def judge_checkpoint(run_dir: Path, task_dir: Path, step: int | None = None) -> float:
-    """Greedy held-out accuracy of the actor of `run_dir`'s checkpoint `step` (None: the
-    newest), read as `tracerl export` reads it, whichever checkpoint format the run wrote."""
-    from tracerl.bench.learn_tasks import greedy_accuracy
-    from tracerl.train.export import checkpoint_actor
+def judge_snapshot(run_dir: Path, task_dir: Path, step: int) -> float:
+    """Greedy held-out accuracy of `run_dir`'s snapshot of `step` (its actor's weights)."""
+    from tracerl.bench.learn_tasks import greedy_accuracy, load_policy
+    from tracerl.train.export import snapshot_path
 
-    model, tokenizer, _ = checkpoint_actor(run_dir, step)
+    model, tokenizer = load_policy(str(snapshot_path(run_dir, step)))
     return greedy_accuracy(model, tokenizer, read_jsonl(task_dir / "heldout.jsonl"))
 
 

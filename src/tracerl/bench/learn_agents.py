@@ -10,7 +10,7 @@ Per seed and system, from that checkpoint, with the same prompts, reward, batch 
 samples), learning rate (constant), sampling (temperature 1) and budget from process start:
 - `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config (`trainer.chat_template =
   "chatml"`, tools in the template's system turn, Hermes calls), no eval in the run, a
-  checkpoint every few steps (their writes charged);
+  snapshot of its weights every few steps (`loop.snapshot_every`; their writes charged);
 - `tracerl-grpo-signal`, `tracerl-ppo-signal`: the same with difficulty-aware drawing,
   `dataset.difficulty = "signal"` measured per value of the task's `DIFFICULTY_FIELDS` field
   (guess: `high`, the range); the calculator's and files' tasks have no such field;
@@ -22,7 +22,7 @@ The judge is `tracerl train JUDGE.toml --trainer.model=DIR --loop.steps=0`: the 
 environment played greedily through a gateway and the embedded engine on every held-out task,
 success when the episode's reward reaches `eval.success_reward` (1.0). It runs in its own
 process after the runs: on the start checkpoint (as the cold start's own run), on each TRL
-snapshot, and on the tracerl checkpoints nearest a third and two thirds of the budget, the last
+snapshot, and on the tracerl snapshots nearest a third and two thirds of the budget, the last
 one within half the budget and the last, so every number, curves included, comes from the same
 code on the same tasks.
 
@@ -48,7 +48,7 @@ from typing import Any
 from tracerl.bench.learn_config import train_config
 from tracerl.envs.registry import generate_tasks
 from tracerl.run.metrics import read_metrics
-from tracerl.train.checkpoint import PREFIX, list_checkpoints
+from tracerl.train.export import SNAPSHOTS, list_snapshots, snapshot_path
 
 AGENT_TASKS = ("calculator", "guess", "files")
 SIGNAL_SYSTEMS = ("tracerl-grpo-signal", "tracerl-ppo-signal")
@@ -115,10 +115,10 @@ def config(
     eval_every: int = 1,
     steps: int = 100_000,
     cold_start: bool = False,
-    checkpoint_every: int = 100_000,
+    snapshot_every: int | None = None,
 ) -> str:
     """A `tracerl train` config for `task` (a run, the start checkpoint's, or the judge's); a
-    run keeps every checkpoint (the judge scores some, then they are removed)."""
+    run's snapshots are all kept (the judge scores some, then they are removed)."""
     cold = f"[cold_start]\n{COLD_START[task]}" if cold_start else ""
     return train_config(
         model=model, algorithm=algorithm, seed=seed, lr=LR, token_budget=8192,
@@ -127,7 +127,7 @@ def config(
         batch_size=PROMPTS_PER_STEP * GROUP_SIZE, group_size=GROUP_SIZE, steps=steps,
         minutes=minutes, eval_every=eval_every,
         engine="kv_cache_tokens = 32768\nmax_running_requests = 64\nmax_model_len = 2048",
-        episode_timeout_s=300, checkpoint_every=checkpoint_every, keep_last_n=10_000, extra=cold,
+        episode_timeout_s=300, snapshot_every=snapshot_every, extra=cold,
     )  # fmt: skip
 
 
@@ -202,7 +202,7 @@ def run_config(
     """The `tracerl train` config of one run of `system` (`tracerl-ALGORITHM[-signal]`)."""
     algorithm, _, variant = system.removeprefix("tracerl-").partition("-")
     text = config(task, task_dir, model=str(start.resolve()), algorithm=algorithm, seed=seed,
-                  minutes=minutes, eval_every=0, checkpoint_every=every)  # fmt: skip
+                  minutes=minutes, eval_every=0, snapshot_every=every)  # fmt: skip
     if variant == "signal":  # the generated config's [dataset] table, extended
         field = DIFFICULTY_FIELDS[task]
         text = text.replace("[dataset]\n", f'[dataset]\ndifficulty = "signal"\n'
@@ -221,8 +221,8 @@ def run_tracerl(
     overrides: list[str],
 ) -> dict[str, Any]:
     """One `tracerl train` run of `system` (`tracerl-ALGORITHM[-signal]`) from `start`, with no
-    eval of its own, a checkpoint every `every` steps and the config `overrides`; then the judge
-    on the checkpoints `judged_steps` names, as its curve."""
+    eval of its own, a snapshot every `every` steps and the config `overrides`; then the judge
+    on the snapshots `judged_steps` names, as its curve."""
     run_dir = task_dir / f"{system}-seed{seed}"
     path = task_dir / f"{run_dir.name}.toml"
     path.write_text(run_config(task, task_dir, start, system, seed, minutes, every))
@@ -243,34 +243,35 @@ def judged_run(
     points: Callable[[Path], list[tuple[float, int]]],
     judge: Callable[[int], float],
 ) -> dict[str, Any]:
-    """`tracerl train CONFIG` with the config `overrides`, then `judge` on each checkpoint
+    """`tracerl train CONFIG` with the config `overrides`, then `judge` on each snapshot
     `points(run_dir)` names ([minute, score] each: the curve, the last its score); the
-    checkpoints are then removed (weights and optimizer state, GBs). Its runs.jsonl line."""
+    snapshots and the final checkpoint are then removed (GBs). Its runs.jsonl line."""
     wall = train(config_path, run_dir, timeout_s, *(f"--{o}" for o in overrides))
     curve = [[at, judge(step)] for at, step in points(run_dir)]
-    shutil.rmtree(run_dir / "checkpoints")
+    for written in (SNAPSHOTS, "checkpoints"):
+        shutil.rmtree(run_dir / written, ignore_errors=True)
     return run_record(run_dir, system, seed, curve, wall, overrides)
 
 
 def saved_steps(run_dir: Path) -> list[tuple[float, int]]:
-    """(minutes, step) of each of `run_dir`'s checkpoints of a logged step, oldest first: the
-    minutes from process start to the step's end, less the writes of the checkpoints before
-    it (`time/checkpoint_s`), which only the judge needs, as TRL's judged weights are taken
-    outside its minutes. The budget still pays for the writes."""
+    """(minutes, step) of each of `run_dir`'s snapshots of a logged step, oldest first: the
+    minutes from process start to the step's end, less the snapshot (and checkpoint) writes
+    before it (`time/snapshot_s`, `time/checkpoint_s`), which only the judge needs, as TRL's
+    judged weights are taken outside its minutes. The budget still pays for the writes."""
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "rollout/reward_mean" in r]
     elapsed, written = {}, 0.0
     for r in sorted(steps, key=lambda r: int(r["step"])):
         elapsed[int(r["step"])] = (r["time/elapsed_s"] - written) / 60
-        written += r.get("time/checkpoint_s", 0.0)  # logged after its own step's end
-    saved = [int(p.name[len(PREFIX) :]) for p in list_checkpoints(run_dir / "checkpoints")]
-    found = [(elapsed[step], step) for step in saved if step in elapsed]
+        # logged after its own step's end
+        written += r.get("time/snapshot_s", 0.0) + r.get("time/checkpoint_s", 0.0)
+    found = [(elapsed[step], step) for step in list_snapshots(run_dir) if step in elapsed]
     if not found:
-        raise RuntimeError(f"{run_dir}: no checkpoint of a logged step to judge")
+        raise RuntimeError(f"{run_dir}: no snapshot of a logged step to judge")
     return found
 
 
 def judged_steps(run_dir: Path, minutes: float) -> list[tuple[float, int]]:
-    """(minutes from process start, step) of the checkpoints the judge scores: the ones saved
+    """(minutes from process start, step) of the snapshots the judge scores: the ones saved
     nearest `minutes` / 3 and 2 * `minutes` / 3 (TRL's snapshots' points), the last one saved
     within half of `minutes` (the point the target "TRL's final success in at most half the
     budget" is read at), and the last."""
@@ -281,14 +282,8 @@ def judged_steps(run_dir: Path, minutes: float) -> list[tuple[float, int]]:
 
 
 def judge_step(task: str, task_dir: Path, run_dir: Path, step: int) -> float:
-    """The judge on the actor of `run_dir`'s checkpoint `step` (exported, judged, removed)."""
-    export = run_dir / f"export-step{step}"
-    command = [sys.executable, "-m", "tracerl.cli.main", "export", str(run_dir), str(export)]
-    subprocess.run([*command, "--step", str(step)], check=True, capture_output=True)
-    try:
-        return judge(task, task_dir, export, f"{run_dir.name}-step{step}")
-    finally:
-        shutil.rmtree(export)
+    """The judge on `run_dir`'s snapshot of `step` (its actor's weights)."""
+    return judge(task, task_dir, snapshot_path(run_dir, step), f"{run_dir.name}-step{step}")
 
 
 def run_record(

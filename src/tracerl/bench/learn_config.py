@@ -25,17 +25,18 @@ def train_config(
     engine: str,
     chat_template: str | None = None,
     episode_timeout_s: float | None = None,
-    checkpoint_every: int = 100_000,
-    keep_last_n: int = 2,
+    snapshot_every: int | None = None,
     extra: str = "",
 ) -> str:
     """A run's config: `env` and `engine` are the lines of those sections, `extra` more
     sections; `minutes` None sets no budget (`steps` alone ends the run); `chat_template` and
-    `episode_timeout_s` unset keep the defaults; checkpoints every `checkpoint_every` steps (and
-    at the end), the last `keep_last_n` kept."""
+    `episode_timeout_s` unset keep the defaults; a checkpoint at the end (to resume or export
+    from) and, with `snapshot_every`, the actor's weights every that many steps and at the end
+    (`loop.snapshot_every`: what the judge scores, without the optimizer state)."""
     budget = f"max_minutes = {minutes}" if minutes is not None else ""
     template = f'chat_template = "{chat_template}"' if chat_template else ""
     timeout = f"episode_timeout_s = {episode_timeout_s}" if episode_timeout_s else ""
+    snapshots = f"snapshot_every = {snapshot_every}" if snapshot_every else ""
     return f"""
 [trainer]
 model = "{model}"
@@ -44,7 +45,7 @@ algorithm = "{algorithm}"
 temperature = 1.0
 seed = {seed}
 token_budget = {token_budget}
-keep_last_n = {keep_last_n}
+keep_last_n = 2
 
 [trainer.actor]
 lr = {lr}
@@ -74,8 +75,8 @@ steps = {steps}
 {budget}
 seed = {seed}
 {timeout}
-# a checkpoint is written at the end (the judge reads it); one per step would cost ~1 s each
-checkpoint_every = {checkpoint_every}
+checkpoint_every = 100000
+{snapshots}
 
 [eval]
 every = {eval_every}

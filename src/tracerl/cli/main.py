@@ -415,12 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--eval-every", type=int, default=20,
-        help="learn: steps between the tracerl checkpoints judged on hard and medium (judged "
-        "after the run; the writes are charged)",
+        help="learn: steps between the snapshots of tracerl's weights judged on hard and "
+        "medium (judged after the run; the writes are charged)",
     )  # fmt: skip
     bench.add_argument(
         "--agent-checkpoint-every", type=int, default=3,
-        help="learn: tracerl checkpoint interval (steps) on the agentic tasks (judged after)",
+        help="learn: tracerl snapshot interval (steps) on the agentic tasks (judged after)",
     )  # fmt: skip
     bench.add_argument("--work-dir", help="learn: where runs go (default runs/bench-learn-TIME)")
     bench.set_defaults(func=_cmd_bench)

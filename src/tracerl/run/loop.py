@@ -32,7 +32,7 @@ Checkpoints are written before a step's metrics line, so a logged step always ha
 `metrics.jsonl`), and never a committed trace. Ctrl-C (SIGINT/SIGTERM) stops admissions, cancels
 the episodes in flight, checkpoints the last finished step, and closes engines and the store.
 
-One module of ~595 lines: start-up, feeder, steps and shutdown share one state (events,
+One module of ~605 lines: start-up, feeder, steps and shutdown share one state (events,
 counters, the group buffer, the parts built at start-up); the episodes' side is in
 `rollouts.py`, evals in `evals.py`, the trainer, engines and gateways it starts in
 `trainers.py`, `engines.py` and `gateways.py`, its spans (`[telemetry]`) in `spans.py`, and
@@ -84,6 +84,7 @@ from tracerl.run.rollouts import (
 from tracerl.run.spans import record_step
 from tracerl.telemetry import Telemetry, start_telemetry
 from tracerl.trace.versions import oldest_trainable
+from tracerl.train.export import snapshot_path
 
 if TYPE_CHECKING:  # torch and the servers load in _start, after the config is checked
     from tracerl.envs import Environment
@@ -498,6 +499,12 @@ class RLLoop:
             self.trainer.save_checkpoint, self.run_dir / "checkpoints", self._loop_state()
         )
 
+    async def _snapshot(self) -> float:
+        """`loop.snapshot_every`: the actor's weights in RUN_DIR/snapshots; the write's seconds."""
+        saving = time.monotonic()
+        await asyncio.to_thread(self.trainer.export, snapshot_path(self.run_dir, self.step))
+        return time.monotonic() - saving
+
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -506,7 +513,8 @@ class RLLoop:
             await self._start()
             feeder = asyncio.create_task(self._feed())
             evals: list[asyncio.Task[None]] = []
-            last_saved = self.step
+            last_saved = last_snapshot = self.step
+            snapshots = self.config.loop.snapshot_every
             started, last_tokens, last_at = time.monotonic(), self._tokens, time.monotonic()
             generation: tuple[float | None, tuple[int, float] | None] = (None, None)
             stopper = asyncio.create_task(self._stop.wait())
@@ -548,6 +556,9 @@ class RLLoop:
                         await self._checkpoint()
                         record["time/checkpoint_s"] = time.monotonic() - saving
                         last_saved = self.step
+                    if snapshots and self.step % snapshots == 0:
+                        record["time/snapshot_s"] = await self._snapshot()
+                        last_snapshot = self.step
                     self.metrics.log(record)
                     self.progress.update(self.step, record)
                     if every and self.step % every == 0:
@@ -581,6 +592,8 @@ class RLLoop:
                 await asyncio.gather(feeder, *evals, return_exceptions=True)
                 if self.step != last_saved:
                     await self._checkpoint()
+                if snapshots and self.step != last_snapshot:
+                    await self._snapshot()
             out_of_time = budget.done() and not budget.cancelled()
             print(
                 f"stopped at step {self.step} after {time.monotonic() - started:.0f} s"

@@ -8,7 +8,8 @@ writes it with `export_hf`, the writer the engines' weight pushes use: a tied ou
 named (vLLM's reload needs it), the write is atomic. The checkpoint is verified first (every
 file's size and hash), whatever number of ranks saved it. The critic is not exported. A LoRA
 run's checkpoint holds adapters only: they are put on the base and exported merged, or alone
-(`--adapter`, peft's `adapter_config.json` and `adapter_model.safetensors`).
+(`--adapter`, peft's `adapter_config.json` and `adapter_model.safetensors`). A run's
+snapshots (`loop.snapshot_every`) are such directories already, written as it trains.
 """
 
 from __future__ import annotations
@@ -22,6 +23,22 @@ import torch
 from tracerl.config import ConfigError
 from tracerl.config.train import TrainerConfig
 from tracerl.train import checkpoint as ckpt
+
+SNAPSHOTS = "snapshots"
+"""`RUN_DIR/snapshots/step_N`: the actor's weights at step N as this module exports them
+(`loop.snapshot_every`), written by the trainer's own export, atomically."""
+
+
+def snapshot_path(run_dir: Path, step: int) -> Path:
+    return run_dir / SNAPSHOTS / ckpt.checkpoint_name(step)
+
+
+def list_snapshots(run_dir: Path) -> dict[int, Path]:
+    """The run's snapshots by step (a write in progress has another name: never listed)."""
+    root = run_dir / SNAPSHOTS
+    found = root.glob(f"{ckpt.PREFIX}*") if root.is_dir() else []
+    named = {p.name[len(ckpt.PREFIX) :]: p for p in found if (p / "config.json").is_file()}
+    return {int(step): path for step, path in sorted(named.items()) if step.isdigit()}
 
 
 def find_checkpoint(run_dir: Path, step: int | None) -> Path:

@@ -36,10 +36,10 @@ def test_the_generated_tracerl_config_is_the_issue_s_settings(
     assert config.orchestrator.batch_size == 32 and config.orchestrator.group_size == 8
     assert config.env.sampling.max_tokens == 12 and config.env.sampling.temperature == 1.0
     assert config.loop.max_minutes == 15 and config.loop.seed == 2 and config.trainer.seed == 2
-    # no eval of its own (charged to its budget, where TRL's are not): every checkpoint kept
-    # for the judge instead
+    # no eval of its own (charged to its budget, where TRL's are not): a snapshot of the
+    # weights every 20 steps for the judge instead, and one checkpoint, at the end
     assert config.eval.every == 0
-    assert config.loop.checkpoint_every == 20 and config.trainer.keep_last_n >= 1000
+    assert config.loop.snapshot_every == 20 and config.loop.checkpoint_every >= 100_000
 
 
 def run(
@@ -115,27 +115,36 @@ def test_included_runs_are_checked_before_any_training(tmp_path: Path) -> None:
     assert learn.read_included(earlier, ["medium"]) == []
 
 
-def test_the_judge_reads_the_checkpoint_a_run_writes(tmp_path: Path) -> None:
-    """The judge scores the newest checkpoint's trained weights (the format `tracerl train`
-    writes now: DCP shards), not the base model's: it once looked for a file that format has
-    no more, and every run of `bench learn` failed after its training."""
+def test_the_judge_reads_the_snapshot_a_run_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The judge scores a snapshot's trained weights (what `loop.snapshot_every` writes: the
+    trainer's export), not the base model's (a judge once read a file the run no longer
+    wrote, and every run of `bench learn` failed after its training)."""
     import torch
 
-    from tracerl.bench.learn import judge_checkpoint, write_jsonl
+    from tracerl.bench import learn, learn_tasks
     from tracerl.config.train import TrainerConfig
     from tracerl.train import Trainer
-    from tracerl.train.export import checkpoint_actor
+    from tracerl.train.export import snapshot_path
 
     trainer = Trainer(TrainerConfig(model="tiny", algorithm="grpo"), device="cpu")
     with torch.no_grad():
         trainer.actor.lm_head.weight.mul_(3.0)  # weights the base model does not have
     run_dir = tmp_path / "run"
-    trainer.save_checkpoint(run_dir / "checkpoints")
-    actor, _, _ = checkpoint_actor(run_dir)
-    assert torch.equal(actor.lm_head.weight, trainer.actor.lm_head.weight)
+    trainer.export(snapshot_path(run_dir, 7))
     _, heldout = split_tasks("medium", 20, 4, seed=0)
-    write_jsonl(tmp_path / "heldout.jsonl", heldout)
-    assert 0.0 <= judge_checkpoint(run_dir, tmp_path) <= 1.0
+    learn.write_jsonl(tmp_path / "heldout.jsonl", heldout)
+    scored = []
+
+    def greedy(model, tokenizer, tasks):  # the real scoring, on the model it was given
+        scored.append(model.lm_head.weight.detach().clone())
+        return accuracy(model, tokenizer, tasks)
+
+    accuracy = learn_tasks.greedy_accuracy
+    monkeypatch.setattr(learn_tasks, "greedy_accuracy", greedy)
+    assert 0.0 <= learn.judge_snapshot(run_dir, tmp_path, 7) <= 1.0
+    assert torch.equal(scored[0], trainer.actor.lm_head.weight)
 
 
 def test_overrides_are_checked_before_any_training(tmp_path: Path, capsys) -> None:
@@ -172,16 +181,16 @@ def test_overrides_are_checked_before_any_training(tmp_path: Path, capsys) -> No
         learn.check_overrides([], [plain, {**plain, "seed": 1, "overrides": bf16}], set())
 
 
-def test_a_tracerl_run_is_judged_on_every_checkpoint_it_saved(
+def test_a_tracerl_run_is_judged_on_every_snapshot_it_wrote(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No eval in the run (charged to its budget, where TRL's evals are not): after it, the
-    judge scores each checkpoint at the minute its step ended; the last point is the run's
-    score, the overrides reach `tracerl train`, and the judged checkpoints are removed."""
+    judge scores each snapshot at the minute its step ended; the last point is the run's
+    score, the overrides reach `tracerl train`, and the snapshots and checkpoint are removed."""
     import json
 
     from tracerl.bench import learn, learn_agents
-    from tracerl.train.checkpoint import MANIFEST, PREFIX
+    from tracerl.train.export import snapshot_path
 
     task_dir = tmp_path / "hard"
     task_dir.mkdir()
@@ -196,24 +205,26 @@ def test_a_tracerl_run_is_judged_on_every_checkpoint_it_saved(
         rows.insert(20, {"step": 20, "system/cpu": 1.0, "time/elapsed_s": 9999.0})
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         for step in (20, 40, 47):
-            (run_dir / "checkpoints" / f"{PREFIX}{step}").mkdir(parents=True)
-            (run_dir / "checkpoints" / f"{PREFIX}{step}" / MANIFEST).write_text("{}")
+            snapshot_path(run_dir, step).mkdir(parents=True)
+            (snapshot_path(run_dir, step) / "config.json").write_text("{}")
+        (run_dir / "checkpoints" / "step_00000047").mkdir(parents=True)  # the final checkpoint
         return 1400.0
 
-    judged: list[int | None] = []
+    judged: list[int] = []
 
-    def fake_judge(run_dir: Path, task: Path, step: int | None = None) -> float:
+    def fake_judge(run_dir: Path, task: Path, step: int) -> float:
         judged.append(step)
-        return {20: 0.5, 40: 0.75, 47: 0.7}[step or 0]
+        return {20: 0.5, 40: 0.75, 47: 0.7}[step]
 
     monkeypatch.setattr(learn_agents, "train", fake_train)
-    monkeypatch.setattr(learn, "judge_checkpoint", fake_judge)
+    monkeypatch.setattr(learn, "judge_snapshot", fake_judge)
     record = learn.run_tracerl("grpo", task_dir, 1, 15.0, 20, ["trainer.autocast=bfloat16"])
     assert launched == [("--trainer.autocast=bfloat16",)]
     assert judged == [20, 40, 47]
     assert record["curve"] == [[10.0, 0.5], [20.0, 0.75], [23.5, 0.7]]
     assert record["accuracy_after"] == 0.7 and record["steps"] == 47
     assert record["overrides"] == ["trainer.autocast=bfloat16"]
+    assert not (task_dir / "tracerl-grpo-seed1" / "snapshots").exists()
     assert not (task_dir / "tracerl-grpo-seed1" / "checkpoints").exists()
 
 

@@ -27,7 +27,7 @@ from tracerl.envs.calculator import INSTRUCTION, ONE_OPERATION_ERROR
 from tracerl.envs.registry import generate_tasks
 from tracerl.gateway.render import ChatRenderer
 from tracerl.models import load_tokenizer, resolve_model
-from tracerl.train.checkpoint import MANIFEST, PREFIX
+from tracerl.train.export import snapshot_path
 
 
 @pytest.mark.parametrize("task", ["calculator", "files"])
@@ -197,17 +197,24 @@ def test_targets_compare_means_worst_seeds_and_time_to_trl_s_final_success() -> 
     assert summary["target_met"] is False
 
 
-def test_the_judge_scores_thirds_half_and_last_checkpoints(tmp_path: Path) -> None:
-    """The checkpoints nearest a third and two thirds of the budget (TRL's snapshots' points),
+def snapshot(run_dir: Path, step: int) -> None:
+    """What `loop.snapshot_every` leaves of a step: an exported model directory."""
+    directory = snapshot_path(run_dir, step)
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text("{}")
+
+
+def test_the_judge_scores_thirds_half_and_last_snapshots(tmp_path: Path) -> None:
+    """The snapshots nearest a third and two thirds of the budget (TRL's snapshots' points),
     the last one within half the budget (where the half-budget target is read) and the last."""
     with (tmp_path / "metrics.jsonl").open("w") as f:
         for step in range(1, 31):  # one step every 30 s
             f.write(json.dumps({"step": step, "rollout/reward_mean": 0.0,
                                 "time/elapsed_s": 30.0 * step}) + "\n")  # fmt: skip
     for step in (*range(3, 31, 3), 31):  # every 3 steps; 31 was never logged (torn)
-        directory = tmp_path / "checkpoints" / f"{PREFIX}{step}"
-        directory.mkdir(parents=True)
-        (directory / MANIFEST).write_text("{}")
+        snapshot(tmp_path, step)
+    (tmp_path / "snapshots" / ".tmp-step_00000033-x").mkdir()  # a write in progress: never read
+    (tmp_path / "snapshots" / "step_00000036").mkdir()  # nor one without its files
     # 15 minutes: 5 min is step 10 (saved: 9 at 4.5 min, 12 at 6), 7.5 min is step 15 (saved),
     # 10 min is step 20 (21)
     assert learn_agents.judged_steps(tmp_path, 15) == [
@@ -219,22 +226,20 @@ def test_the_judge_scores_thirds_half_and_last_checkpoints(tmp_path: Path) -> No
     assert learn_agents.judged_steps(tmp_path, 9) == [(3.0, 6), (4.5, 9), (6.0, 12), (15.0, 30)]
 
 
-def test_a_judged_checkpoint_s_minutes_leave_out_the_checkpoint_writes_before_it(
-    tmp_path: Path,
-) -> None:
-    """The checkpoints exist for the judge, as TRL's judged weights do, whose time is left out
-    of its minutes: each checkpoint's minute is its step's end less the earlier writes (a
-    step's record is logged after its own write, whose time it carries)."""
+def test_a_judged_snapshot_s_minutes_leave_out_the_writes_before_it(tmp_path: Path) -> None:
+    """The snapshots exist for the judge, as TRL's judged weights do, whose time is left out
+    of its minutes: each snapshot's minute is its step's end less the earlier snapshot and
+    checkpoint writes (a step's record is logged after its own writes, whose time it carries)."""
     rows = [{"step": s, "rollout/reward_mean": 0.0, "time/elapsed_s": 60.0 * s} for s in (1, 2)]
     rows += [{"step": 3, "rollout/reward_mean": 0.0, "time/elapsed_s": 195.0}]
-    rows[1]["time/checkpoint_s"] = 12.0  # the write after step 2
-    rows[2]["time/checkpoint_s"] = 30.0  # after step 3: after its own minute was taken
+    rows[0]["time/checkpoint_s"] = 6.0  # a checkpoint after step 1 (no snapshot)
+    rows[1]["time/snapshot_s"] = 12.0  # the snapshot after step 2
+    rows[2]["time/snapshot_s"] = 30.0  # after step 3: after its own minute was taken
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for step in (2, 3):
-        directory = tmp_path / "checkpoints" / f"{PREFIX}{step}"
-        directory.mkdir(parents=True)
-        (directory / MANIFEST).write_text("{}")
-    assert learn_agents.saved_steps(tmp_path) == [(2.0, 2), (3.05, 3)]  # (195 - 12) / 60
+        snapshot(tmp_path, step)
+    # (120 - 6) / 60 and (195 - 6 - 12) / 60
+    assert learn_agents.saved_steps(tmp_path) == [(1.9, 2), (2.95, 3)]
 
 
 def test_target_met_needs_three_seeds_headroom_and_more_than_a_zero_baseline() -> None:
