@@ -248,8 +248,9 @@ def judged_run(
     snapshots and the final checkpoint are then removed (GBs). Its runs.jsonl line."""
     wall = train(config_path, run_dir, timeout_s, *(f"--{o}" for o in overrides))
     curve = [[at, judge(step)] for at, step in points(run_dir)]
-    for written in (SNAPSHOTS, "checkpoints"):
-        shutil.rmtree(run_dir / written, ignore_errors=True)
+    for written in (run_dir / SNAPSHOTS, run_dir / "checkpoints"):
+        if written.exists():
+            shutil.rmtree(written)
     return run_record(run_dir, system, seed, curve, wall, overrides)
 
 
