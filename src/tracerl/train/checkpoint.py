@@ -60,15 +60,16 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
 
-def list_checkpoints(directory: str | Path) -> list[Path]:
-    """Complete checkpoints (a manifest is present) under `directory`, oldest first."""
+def list_checkpoints(directory: str | Path, complete_when: str = MANIFEST) -> list[Path]:
+    """Complete checkpoints (the file `complete_when` is present: a manifest) under
+    `directory`, oldest first; the run's snapshots are listed the same way."""
     root = Path(directory)
     if not root.is_dir():
         return []
     found = [
         p
         for p in root.iterdir()
-        if p.is_dir() and p.name.startswith(PREFIX) and (p / MANIFEST).is_file()
+        if p.is_dir() and p.name.startswith(PREFIX) and (p / complete_when).is_file()
     ]
     return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 

@@ -34,11 +34,10 @@ def snapshot_path(run_dir: Path, step: int) -> Path:
 
 
 def list_snapshots(run_dir: Path) -> dict[int, Path]:
-    """The run's snapshots by step (a write in progress has another name: never listed)."""
-    root = run_dir / SNAPSHOTS
-    found = root.glob(f"{ckpt.PREFIX}*") if root.is_dir() else []
-    named = {p.name[len(ckpt.PREFIX) :]: p for p in found if (p / "config.json").is_file()}
-    return {int(step): path for step, path in sorted(named.items()) if step.isdigit()}
+    """The run's snapshots by step, oldest first (a write in progress has another name, and
+    a directory without its config is not complete: neither is listed)."""
+    found = ckpt.list_checkpoints(run_dir / SNAPSHOTS, complete_when="config.json")
+    return {int(p.name[len(ckpt.PREFIX) :]): p for p in found}
 
 
 def find_checkpoint(run_dir: Path, step: int | None) -> Path:
