@@ -1,5 +1,5 @@
 """The run's engines: which kind they are, starting them behind the pool, and giving them each
-step's weights. Split from `loop.py`, which calls these at start-up and after every step.
+step's weights. Split from the loop: `startup.py` starts them, `loop.py` pushes every step's.
 
 - Embedded (`engine.backend = "local"`, no `engine.urls`) or given in-process engines start in
   this process and take the trainer's tensors in process.

@@ -1,5 +1,5 @@
-"""The run's gateways and where its episodes play. Split from `loop.py`, which calls `start`
-and `players` at start-up.
+"""The run's gateways and where its episodes play. Split from the loop; its start-up
+(`startup.py`) calls `start` and `players`.
 
 - One gateway in this process (the default) on 127.0.0.1, or on `cluster.bind` on Ray (agent
   workers on other nodes must reach it; it always requires its admin key and session keys).

@@ -1,6 +1,6 @@
 """Which trainer the run drives: the `Trainer` in this process (`cluster.backend = "local"`),
 or its ranks placed on a Ray cluster (`"ray"`: `tracerl.cluster`), which the loop drives
-through the same calls. Split from `loop.py`, which calls `build` first at start-up."""
+through the same calls. Split from the loop; its start-up (`startup.py`) calls `build` first."""
 
 from __future__ import annotations
 
