@@ -59,6 +59,9 @@ def test_task_sets_are_seeded_and_each_hides_one_passcode() -> None:
         others = [f["text"] for f in task["files"] if f is not passcode]
         assert all(str(task["answer"]) not in text for text in others)
         hidden_in.add(sorted(folders).index(passcode["path"].split("/")[0]))
+        # `depth`: the passcode folder's place in the top's listing, as the model sees it
+        listing = answer_call(task, "list_files", '{"path": "/"}')[0].split()
+        assert listing[task["depth"] - 1] == passcode["path"].split("/")[0] + "/"
     assert hidden_in == {0, 1, 2}  # first, second or last in the listing
 
 

@@ -13,7 +13,8 @@ samples), learning rate (constant), sampling (temperature 1) and budget from pro
   snapshot of its weights every few steps (`loop.snapshot_every`; their writes charged);
 - `tracerl-grpo-signal`, `tracerl-ppo-signal`: the same with difficulty-aware drawing,
   `dataset.difficulty = "signal"` measured per value of the task's `DIFFICULTY_FIELDS` field
-  (guess: `high`, the range); the calculator's and files' tasks have no such field;
+  (guess: `high`, the range; files: `depth`, the passcode folder's place); the calculator's
+  tasks have no such field;
 - `trl`: TRL's `GRPOTrainer` (`learn_trl_agents`) with `tools=` for `calculator` and
   `environment_factory` for `guess` and `files`, the same chat template, a snapshot of its
   weights every third of the budget (not charged).
@@ -53,7 +54,7 @@ from tracerl.train.export import SNAPSHOTS, list_snapshots, snapshot_path
 AGENT_TASKS = ("calculator", "guess", "files")
 SIGNAL_SYSTEMS = ("tracerl-grpo-signal", "tracerl-ppo-signal")
 """Systems only the agentic tasks run: tracerl with `dataset.difficulty_by` its field."""
-DIFFICULTY_FIELDS = {"guess": "high"}
+DIFFICULTY_FIELDS = {"guess": "high", "files": "depth"}
 """The task field difficulty-aware drawing measures over (`dataset.difficulty_by`)."""
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4
 LR = 5e-6

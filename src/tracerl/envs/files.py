@@ -14,7 +14,9 @@ one holds `passcode.txt`, reads it and answers: 4 to 6 turns with three folders.
 Task fields: `prompt`, `answer` (the passcode) and `files` (a list of `{"path", "text"}`: flat
 rows, so the task reads as a table in Parquet or `datasets` too). `generate_tasks` draws 3
 folders of 2-3 files each, the passcode's folder and every name and number at random; held-out
-sets are other seeds.
+sets are other seeds. Its tasks also say how deep the search goes, `depth`: the passcode
+folder's place in the listing (1-3; the scripted search takes `depth + 3` turns), the field
+difficulty-aware drawing can measure over (`dataset.difficulty_by = "depth"`).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
                         decoy = 1000 + (decoy - 999) % 9000  # other tasks stay as they were
                     text = template.format(n=decoy)
                 files.append({"path": f"{folder}/{name}", "text": text})
-        tasks.append({"prompt": PROMPT, "answer": passcode, "files": files})
+        depth = folders.index(hidden) + 1  # the top lists the folders sorted, as here
+        tasks.append({"prompt": PROMPT, "answer": passcode, "files": files, "depth": depth})
     return tasks
 
 

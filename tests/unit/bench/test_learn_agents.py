@@ -273,6 +273,11 @@ def test_a_signal_system_draws_by_the_task_s_difficulty_field(tmp_path: Path) ->
     assert (signal.dataset.difficulty, signal.dataset.difficulty_by) == ("signal", "high")
     assert signal.dataset.path == plain.dataset.path and signal.trainer.algorithm == "ppo"
     assert loaded["tracerl-grpo-signal"].trainer.algorithm == "grpo"
+    learn_agents.write_task_files(tmp_path, "files")  # the file search, by its search depth
+    text = learn_agents.run_config("files", tmp_path, tmp_path, "tracerl-grpo-signal", 1, 15, 3)
+    (tmp_path / "files.toml").write_text(text)
+    files = load_config(TrainCommandConfig, tmp_path / "files.toml")
+    assert (files.dataset.difficulty, files.dataset.difficulty_by) == ("signal", "depth")
 
 
 def test_a_signal_system_refuses_a_task_without_a_difficulty_field(tmp_path: Path) -> None:
@@ -283,8 +288,8 @@ def test_a_signal_system_refuses_a_task_without_a_difficulty_field(tmp_path: Pat
         ["bench", "learn", "--tasks", "guess,calculator", "--systems", "tracerl-grpo-signal",
          "--work-dir", str(tmp_path / "w")]
     )  # fmt: skip
-    with pytest.raises(SystemExit, match="needs tasks with a difficulty field .guess: high.; "
-                       "calculator has none"):  # fmt: skip
+    with pytest.raises(SystemExit, match="needs tasks with a difficulty field .guess: high, "
+                       "files: depth.; calculator has none"):  # fmt: skip
         learn.main(args)
     assert not (tmp_path / "w").exists()
 
