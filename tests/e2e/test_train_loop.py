@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tracerl.config import TrainCommandConfig, load_config
+from tracerl.envs.registry import generate_tasks
 from tracerl.gateway.store import SQLiteTraceStore
 from tracerl.run.loop import RLLoop
 
@@ -178,11 +179,18 @@ async def test_zero_steps_evaluates_the_starting_weights_and_trains_nothing(
         "eval_dataset.generate=concise",
         "eval_dataset.num_tasks=4",
         "eval_dataset.seed=9",
+        "eval.by=max_words",
     )
     assert await RLLoop(config, tmp_path).run() == 0
     records = metrics(tmp_path)
     (evaluation,) = [r for r in records if "eval/reward_mean" in r]
     assert evaluation["step"] == 0 and evaluation["eval/episodes"] == 4
+    # eval.by: the accuracy per value of the tasks' max_words, which together make up the whole
+    limits = [t["max_words"] for t in generate_tasks("concise", 4, 9)]
+    by = {k: v for k, v in evaluation.items() if k.startswith("eval/accuracy/")}
+    assert set(by) == {f"eval/accuracy/max_words={n}" for n in limits}
+    whole = sum(by[f"eval/accuracy/max_words={n}"] for n in limits) / len(limits)
+    assert whole == pytest.approx(evaluation["eval/accuracy"])
     assert not [r for r in records if "rollout/reward_mean" in r]  # no step
     kinds = [json.loads(line)["kind"] for line in (tmp_path / "episodes.jsonl").open()]
     assert kinds == ["eval"] * 4  # no training episode was played

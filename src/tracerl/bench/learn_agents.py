@@ -25,7 +25,8 @@ success when the episode's reward reaches `eval.success_reward` (1.0). It runs i
 process after the runs: on the start checkpoint (as the cold start's own run), on each TRL
 snapshot, and on the tracerl snapshots nearest a third and two thirds of the budget, the last
 one within half the budget and the last, so every number, curves included, comes from the same
-code on the same tasks.
+code on the same tasks. On guess and files it also reports success per value of the difficulty
+field (`eval.by`): the start's in the task's first line, each run's last point in its line.
 
 `--start-from WORK_DIR` takes an earlier `bench learn`'s task files and start checkpoint
 (WORK_DIR/TASK) instead of preparing new ones: a cold start is not bitwise repeatable, so a
@@ -128,8 +129,17 @@ def config(
         batch_size=PROMPTS_PER_STEP * GROUP_SIZE, group_size=GROUP_SIZE, steps=steps,
         minutes=minutes, eval_every=eval_every,
         engine="kv_cache_tokens = 32768\nmax_running_requests = 64\nmax_model_len = 2048",
-        episode_timeout_s=300, snapshot_every=snapshot_every, extra=cold,
+        episode_timeout_s=300, snapshot_every=snapshot_every, eval_by=eval_field(task, task_dir),
+        extra=cold,
     )  # fmt: skip
+
+
+def eval_field(task: str, task_dir: Path) -> str | None:
+    """The task's `DIFFICULTY_FIELDS` field if its held-out tasks have it (files written before
+    `files` had `depth` do not): the judge then reports success per value (`eval.by`)."""
+    field = DIFFICULTY_FIELDS.get(task)
+    with (task_dir / "heldout.jsonl").open() as f:
+        return field if field is not None and field in json.loads(f.readline()) else None
 
 
 def run_logged(
@@ -156,6 +166,14 @@ def last_eval(run_dir: Path) -> float:
     if not evals:
         raise RuntimeError(f"{run_dir}: no eval was recorded")
     return float(evals[-1]["eval/accuracy"])
+
+
+def judged_by(run_dir: Path) -> dict[str, float]:
+    """The last eval's success per value of the held-out tasks' difficulty field in `run_dir`
+    (a judge's run, or the start's), as {"FIELD=VALUE": success}; empty where none was set."""
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
+    prefix = "eval/accuracy/"
+    return {k.removeprefix(prefix): v for k, v in evals[-1].items() if k.startswith(prefix)}
 
 
 def judge(task: str, task_dir: Path, model: Path, name: str) -> float:
@@ -227,11 +245,19 @@ def run_tracerl(
     run_dir = task_dir / f"{system}-seed{seed}"
     path = task_dir / f"{run_dir.name}.toml"
     path.write_text(run_config(task, task_dir, start, system, seed, minutes, every))
-    return judged_run(
+    judged: list[int] = []  # the steps judged, in order: the last is the run's final point
+
+    def judge_one(step: int) -> float:
+        judged.append(step)
+        return judge_step(task, task_dir, run_dir, step)
+
+    record = judged_run(
         path, run_dir, system, seed, minutes * 60 + OVERRUN_S, overrides,
-        lambda done: judged_steps(done, minutes),
-        lambda step: judge_step(task, task_dir, run_dir, step),
+        lambda done: judged_steps(done, minutes), judge_one,
     )  # fmt: skip
+    last = task_dir / "judged" / f"{run_dir.name}-step{judged[-1]}"
+    record["accuracy_after_by"] = judged_by(last)
+    return record
 
 
 def judged_run(
@@ -329,11 +355,13 @@ def run_trl(task: str, task_dir: Path, start: Path, seed: int, minutes: float) -
     quiet = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}  # environment_factory's warning
     wall = run_logged(command, task_dir / f"{out.name}.log", minutes * 60 + OVERRUN_S, quiet)
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
-    curve = []
+    curve, name = [], ""
     for at, path in result.pop("snapshots"):
-        curve.append([at, judge(task, task_dir, Path(path), f"{out.name}-{Path(path).name}")])
+        name = f"{out.name}-{Path(path).name}"
+        curve.append([at, judge(task, task_dir, Path(path), name)])
         shutil.rmtree(path)  # judged: 540 MB each
-    result.update(curve=curve, accuracy_after=curve[-1][1], wall_s=wall)
+    result.update(curve=curve, accuracy_after=curve[-1][1], wall_s=wall,
+                  accuracy_after_by=judged_by(task_dir / "judged" / name))  # fmt: skip
     return result
 
 
@@ -442,7 +470,9 @@ def run_task(
         start, before = earlier_start(start_from, task)
         for name in ("train.jsonl", "heldout.jsonl"):
             shutil.copyfile(start_from / task / name, task_dir / name)
-    print(json.dumps({"task": task, "success_before": before, "start": str(start)}), flush=True)
+    before_by = judged_by((start_from / task if start_from else task_dir) / "start")
+    print(json.dumps({"task": task, "success_before": before, "success_before_by": before_by,
+                      "start": str(start)}), flush=True)  # fmt: skip
     runs = []
     for seed in seeds:
         for system in systems:

@@ -26,17 +26,20 @@ def train_config(
     chat_template: str | None = None,
     episode_timeout_s: float | None = None,
     snapshot_every: int | None = None,
+    eval_by: str | None = None,
     extra: str = "",
 ) -> str:
     """A run's config: `env` and `engine` are the lines of those sections, `extra` more
     sections; `minutes` None sets no budget (`steps` alone ends the run); `chat_template` and
     `episode_timeout_s` unset keep the defaults; a checkpoint at the end (to resume or export
     from) and, with `snapshot_every`, the actor's weights every that many steps and at the end
-    (`loop.snapshot_every`: what the judge scores, without the optimizer state)."""
+    (`loop.snapshot_every`: what the judge scores, without the optimizer state); `eval_by` a
+    task field each eval also reports its accuracy per value of (`eval.by`)."""
     budget = f"max_minutes = {minutes}" if minutes is not None else ""
     template = f'chat_template = "{chat_template}"' if chat_template else ""
     timeout = f"episode_timeout_s = {episode_timeout_s}" if episode_timeout_s else ""
     snapshots = f"snapshot_every = {snapshot_every}" if snapshot_every else ""
+    by = f'by = "{eval_by}"' if eval_by else ""
     return f"""
 [trainer]
 model = "{model}"
@@ -80,6 +83,7 @@ checkpoint_every = 100000
 
 [eval]
 every = {eval_every}
+{by}
 
 [engine]
 {engine}

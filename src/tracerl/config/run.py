@@ -75,6 +75,11 @@ class EvalConfig(Config):
     success_reward: float = 1.0
     """A sample succeeds when its reward is at least this (for pass@k and accuracy)."""
     sampling: EvalSamplingConfig = Field(default_factory=EvalSamplingConfig)
+    by: str | None = None
+    """A task field (a string or number in every eval task): each eval also logs the accuracy
+    over the tasks of each of its values, `eval/accuracy/FIELD=VALUE` (a generated task's
+    difficulty, such as the guessing game's `high` or the file search's `depth`), so a curve
+    shows which kind of task the success comes from."""
 
     @model_validator(mode="after")
     def _distinct_samples(self) -> Self:
@@ -211,6 +216,8 @@ class TrainCommandConfig(Config):
             )
         if self.eval.every and self.eval_dataset is None:
             raise ValueError("eval.every is set but eval_dataset is not")
+        if self.eval.by is not None and self.eval_dataset is None:
+            raise ValueError("eval.by is set but eval_dataset is not")
         if self.loop.steps == 0 and not self.eval.every:
             raise ValueError(
                 "loop.steps is 0, which only evaluates the starting weights, but eval.every is 0 "

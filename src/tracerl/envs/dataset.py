@@ -64,13 +64,7 @@ class TaskDataset:
         self.source, self.seed, self.shuffle = source, seed, shuffle
         self.difficulty, self.skip, self.difficulty_by = difficulty, skip, difficulty_by
         if difficulty_by is not None:
-            for n, task in enumerate(self.tasks, 1):
-                if not isinstance(task.get(difficulty_by), (str, int, float, bool)):
-                    raise DatasetError(
-                        f"{source}:row {n}: dataset.difficulty_by = {difficulty_by!r} needs that "
-                        f"field in every task, as a string or number; got "
-                        f"{task.get(difficulty_by)!r}"
-                    )
+            self.check_field(difficulty_by, "dataset.difficulty_by")
         self._position = 0
         self._order: tuple[int, list[int]] | None = None  # (epoch, order) of the last epoch used
         self._no_signal: set[Any] = set()  # keys whose last group's rewards were all equal
@@ -80,6 +74,16 @@ class TaskDataset:
 
     def __len__(self) -> int:
         return len(self.tasks)
+
+    def check_field(self, field: str, setting: str) -> None:
+        """Refuses a dataset with a task that lacks `field` as a string or number (`setting`
+        is the config key that names the field, for the message)."""
+        for n, task in enumerate(self.tasks, 1):
+            if not isinstance(task.get(field), (str, int, float, bool)):
+                raise DatasetError(
+                    f"{self.source}:row {n}: {setting} = {field!r} needs that field in every "
+                    f"task, as a string or number; got {task.get(field)!r}"
+                )
 
     def __getitem__(self, index: int) -> Task:
         return dict(self.tasks[index])

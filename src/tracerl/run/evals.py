@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from tracerl.config.run import TrainCommandConfig
 from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode
+from tracerl.envs.base import Task
 from tracerl.envs.dataset import TaskDataset
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s
 from tracerl.run.rollouts import Play, Rollout
@@ -112,12 +114,34 @@ class Evals:
             "eval/weight_version_max": max((r.version for r in rollouts if r.ok), default=-1),
             "time/elapsed_s": process_elapsed_s(),
         }
+        by = accuracy_by(e.by, [self.dataset[i] for i in range(len(per_task))], per_task, success)
+        record.update(by)
         self.metrics.log(record)
         self.progress.eval_accuracy = record["eval/accuracy"]
         print(
             f"eval at step {step}: accuracy {record['eval/accuracy']:.3f}, "
             f"pass@{e.samples} {record[f'eval/pass@{e.samples}']:.3f}, reward "
             f"{record['eval/reward_mean']:.3f} over {len(good)} episodes "
-            f"({record['eval/failed']} failed)",
+            f"({record['eval/failed']} failed)"
+            + "".join(f"; {k.removeprefix('eval/accuracy/')}: {v:.3f}" for k, v in by.items()),
             flush=True,
         )
+
+
+def accuracy_by(
+    field: str | None,
+    tasks: list[Task],
+    per_task: list[list[Rollout]],
+    success: Callable[[Rollout], bool],
+) -> dict[str, float]:
+    """`eval/accuracy/FIELD=VALUE`: the mean success over the samples of the tasks whose
+    `field` is VALUE, values in sorted order (none without `eval.by`)."""
+    if field is None:
+        return {}
+    samples: dict[Any, list[bool]] = {}
+    for task, rollouts in zip(tasks, per_task, strict=True):
+        samples.setdefault(task[field], []).extend(map(success, rollouts))
+    return {
+        f"eval/accuracy/{field}={value}": statistics.fmean(samples[value])
+        for value in sorted(samples, key=lambda v: (type(v).__name__, v))  # 8 before 16
+    }

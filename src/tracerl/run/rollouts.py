@@ -69,6 +69,8 @@ def open_environment(
     dataset = load_dataset(config.dataset, env.task_fields, env)
     held_out = config.eval_dataset
     eval_dataset = load_dataset(held_out, env.task_fields, env, "eval") if held_out else None
+    if eval_dataset is not None and config.eval.by is not None:
+        eval_dataset.check_field(config.eval.by, "eval.by")
     return env, dataset, eval_dataset
 
 

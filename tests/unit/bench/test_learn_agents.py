@@ -65,6 +65,8 @@ def test_the_generated_configs_run_the_same_settings(tmp_path: Path, task: str) 
     for config in loaded.values():  # one environment, one held-out set, greedy evals
         assert config.env == run.env and config.eval_dataset == run.eval_dataset
         assert config.eval.sampling.temperature == 0 and config.eval.every == 1
+        # the judge's success per difficulty (the range, the search depth; none on the calculator)
+        assert config.eval.by == learn_agents.DIFFICULTY_FIELDS.get(task)
     assert run.env.name == task and getattr(run.env, "single_operation", True)
 
 
@@ -261,6 +263,68 @@ def test_target_met_needs_three_seeds_headroom_and_more_than_a_zero_baseline() -
     assert learn_agents.summarise(runs[1:], ["guess"], minutes=15)["target_met"] is False
 
 
+def test_held_out_files_written_before_the_difficulty_field_are_judged_without_it(
+    tmp_path: Path,
+) -> None:
+    learn_agents.write_task_files(tmp_path, "files")
+    rows = [json.loads(line) for line in (tmp_path / "heldout.jsonl").open()]
+    old = "".join(json.dumps({k: v for k, v in r.items() if k != "depth"}) + "\n" for r in rows)
+    (tmp_path / "heldout.jsonl").write_text(old)  # as `bench learn` wrote them before f468ae7
+    (tmp_path / "judge.toml").write_text(learn_agents.config("files", tmp_path, model="m", steps=0))
+    assert load_config(TrainCommandConfig, tmp_path / "judge.toml").eval.by is None
+
+
+def judged_dir(task_dir: Path, name: str, success: float, by: dict[str, float]) -> None:
+    """What the judge leaves of one judged model: its run's eval record."""
+    run_dir = task_dir / "judged" / name
+    run_dir.mkdir(parents=True)
+    record = {"step": 0, "eval/accuracy": success}
+    record.update({f"eval/accuracy/{k}": v for k, v in by.items()})
+    (run_dir / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+
+
+def test_a_run_s_line_holds_its_final_success_per_difficulty(tmp_path: Path, monkeypatch) -> None:
+    """tracerl's and TRL's lines carry the last judged point's success per value of the task's
+    difficulty field (`accuracy_after_by`), read from that judge's run."""
+    learn_agents.write_task_files(tmp_path, "files")
+    monkeypatch.setattr(learn_agents, "train", lambda *args: 900.0)  # no real run
+    points = [(5.0, 3), (15.0, 9)]
+    monkeypatch.setattr(learn_agents, "judged_steps", lambda run_dir, minutes: points)
+
+    def judge_step(task: str, task_dir: Path, run_dir: Path, step: int) -> float:
+        judged_dir(task_dir, f"{run_dir.name}-step{step}", step / 10, {"depth=1": step / 9})
+        return step / 10
+
+    monkeypatch.setattr(learn_agents, "judge_step", judge_step)
+    run_dir = tmp_path / "tracerl-grpo-seed0"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "rollout/reward_mean": 0.25, "time/elapsed_s": 30.0}) + "\n"
+    )
+    record = learn_agents.run_tracerl("files", tmp_path, tmp_path, "tracerl-grpo", 0, 15, 3, [])
+    assert record["curve"] == [[5.0, 0.3], [15.0, 0.9]]
+    assert record["accuracy_after_by"] == {"depth=1": 1.0}  # step 9's, not step 3's
+
+    out = tmp_path / "trl-seed0"
+    snapshots = [[5.0, str(out / "snap-5")], [15.0, str(out / "snap-15")]]
+
+    def run_trl_process(command: list[str], log: Path, timeout_s: float, env: Any) -> float:
+        for _, path in snapshots:
+            Path(path).mkdir(parents=True)
+        (out / "result.json").write_text(json.dumps({"system": "trl", "snapshots": snapshots}))
+        return 900.0
+
+    def judge(task: str, task_dir: Path, model: Path, name: str) -> float:
+        judged_dir(task_dir, name, 0.2, {"depth=1": 0.5, "depth=2": 0.0})
+        return 0.2
+
+    monkeypatch.setattr(learn_agents, "run_logged", run_trl_process)
+    monkeypatch.setattr(learn_agents, "judge", judge)
+    trl = learn_agents.run_trl("files", tmp_path, tmp_path, 0, 15)
+    assert trl["accuracy_after_by"] == {"depth=1": 0.5, "depth=2": 0.0}
+    assert not Path(snapshots[-1][1]).exists()  # judged, then removed
+
+
 def test_a_signal_system_draws_by_the_task_s_difficulty_field(tmp_path: Path) -> None:
     learn_agents.write_task_files(tmp_path, "guess")
     loaded = {}
@@ -304,12 +368,14 @@ def earlier_work_dir(work: Path, task: str = "files") -> Path:
     export.mkdir(parents=True)
     (export / "config.json").write_text("{}")
     (task_dir / "start" / "metrics.jsonl").write_text(
-        json.dumps({"step": 0, "eval/accuracy": 0.22}) + "\n"
+        json.dumps({"step": 0, "eval/accuracy": 0.22, "eval/accuracy/depth=1": 0.5}) + "\n"
     )
     return work
 
 
-def test_a_later_seed_starts_from_an_earlier_run_s_start(tmp_path: Path, monkeypatch) -> None:
+def test_a_later_seed_starts_from_an_earlier_run_s_start(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     """`--start-from WORK_DIR`: every run starts from that run's start checkpoint and trains and
     is judged on its task files (copied), with its held-out success as the before."""
     earlier = earlier_work_dir(tmp_path / "earlier")
@@ -326,6 +392,8 @@ def test_a_later_seed_starts_from_an_earlier_run_s_start(tmp_path: Path, monkeyp
     export = earlier / "files" / "start" / "cold_start" / "export"
     assert calls == [("files", export, "tracerl-grpo", 2)]
     assert runs[0]["accuracy_before"] == 0.22 and runs[0]["start"] == str(export.resolve())
+    start_line = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert start_line["success_before_by"] == {"depth=1": 0.5}  # the earlier start's own eval
     for name in ("train.jsonl", "heldout.jsonl"):
         assert (work / "files" / name).read_bytes() == (earlier / "files" / name).read_bytes()
 
