@@ -44,6 +44,20 @@ def test_bad_config_fails_before_loading_anything(tmp_path) -> None:
     assert out.returncode == 2 and "engine.backend" in out.stderr and "'sglang'" in out.stderr
 
 
+def test_a_task_field_the_held_out_tasks_lack_is_named_without_a_traceback(tmp_path) -> None:
+    """A dataset the run cannot use (here: `eval.by` names a field no eval task has) fails at
+    start-up, as a bad config does: exit 2 and the message, not a traceback."""
+    tiny = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tiny.toml")
+    overrides = ["--eval.every=1", "--eval_dataset.generate=concise", "--eval.by=depth",
+                 "--logging.progress=false", f"--run-dir={tmp_path / 'run'}"]  # fmt: skip
+    out = subprocess.run([*CLI, "train", tiny, *overrides], capture_output=True, text=True)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "tracerl: generated concise tasks:row 1: eval.by = 'depth' needs that field" in (
+        out.stderr
+    )
+    assert "Traceback" not in out.stderr
+
+
 def test_engine_command_serves_until_terminated(tmp_path) -> None:
     proc = subprocess.Popen(
         [*CLI, "engine", "--model", "tiny", "--port", "0", "--run-dir", str(tmp_path)],

@@ -21,6 +21,7 @@ from tracerl.config import (
     load_config,
     save_resolved_config,
 )
+from tracerl.config.base import InputError
 
 
 def _config_epilog(cls: Any) -> str:
@@ -439,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     func: Callable[[argparse.Namespace, list[str]], int] = args.func
     try:
         return func(args, _split_overrides(parser, extra))
-    except ConfigError as e:
+    except InputError as e:  # a config or dataset the user gave, named: no traceback
         print(f"tracerl: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

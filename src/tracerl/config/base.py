@@ -27,7 +27,12 @@ class Config(BaseModel):
     )
 
 
-class ConfigError(ValueError):
+class InputError(ValueError):
+    """What a user gave (a config, a dataset) cannot be used; the message names what and where.
+    The command line prints it without a traceback."""
+
+
+class ConfigError(InputError):
     """A configuration that cannot be used; the message names every offending dotted path."""
 
 

@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tracerl.config.base import InputError
 from tracerl.config.envs import DatasetConfig
 from tracerl.envs.base import Task
 
 
-class DatasetError(ValueError):
+class DatasetError(InputError):
     """A dataset that cannot be used; the message names the file and line or row."""
 
 
