@@ -3,13 +3,15 @@
 
 One chart per theme (reward, eval accuracy, lengths, losses, KL, explained variance,
 throughput, concurrency), each with the metrics of that theme that the run logged; a theme the
-run has nothing for is skipped (a GRPO run has no value loss). Eval accuracy is also drawn
-against minutes since the process started (`eval_minutes.png`).
+run has nothing for is skipped (a GRPO run has no value loss); the eval chart adds `eval.by`'s
+accuracy per value. Eval accuracy is also drawn against minutes since the process started
+(`eval_minutes.png`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tracerl.config import ConfigError
 from tracerl.run.metrics import read_metrics
@@ -44,14 +46,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     out = root / "plots"
     out.mkdir(exist_ok=True)
     written = []
-    for name, keys in CHARTS.items():
-        series = {}
-        for key in keys:
-            points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float)]
-            if points:
-                series[key] = points
-        if not series:
-            continue
+    for name, series in chart_series(records).items():
         fig, ax = plt.subplots(figsize=(7, 4))
         for key, points in series.items():
             steps, values = zip(*points, strict=True)
@@ -79,6 +74,24 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         plt.close(fig)
         written.append(target)
     return written
+
+
+def chart_series(
+    records: list[dict[str, Any]],
+) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Per chart, each metric's (step, value) points; a chart with none is left out. The eval
+    chart also draws `eval.by`'s per-value accuracies (`eval/accuracy/FIELD=VALUE`)."""
+    by = sorted({k for r in records for k in r if k.startswith("eval/accuracy/")})
+    charts = {}
+    for name, keys in CHARTS.items():
+        series = {}
+        for key in (*keys, *by) if name == "eval" else keys:
+            points = [(r["step"], r[key]) for r in records if isinstance(r.get(key), int | float)]
+            if points:
+                series[key] = points
+        if series:
+            charts[name] = series
+    return charts
 
 
 def plot_learn(work_dir: str | Path) -> Path:

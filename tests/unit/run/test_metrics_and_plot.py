@@ -9,7 +9,7 @@ import pytest
 
 from tracerl.config import ConfigError, LoggingConfig
 from tracerl.run.metrics import MetricsLog, read_metrics, truncate_metrics
-from tracerl.run.plot import plot_run
+from tracerl.run.plot import chart_series, plot_run
 
 
 def write_run(run_dir: Path, steps: int) -> None:
@@ -50,6 +50,24 @@ def test_plot_writes_one_chart_per_logged_theme(tmp_path: Path) -> None:
         assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ConfigError, match="metrics.jsonl"):
         plot_run(tmp_path / "nothing-here")
+
+
+def test_the_eval_chart_draws_each_value_of_eval_by(tmp_path: Path) -> None:
+    def evaluation(step: int, whole: float, depth1: float) -> dict[str, float]:
+        return {"step": step, "eval/accuracy": whole, "eval/accuracy/depth=1": depth1,
+                "eval/accuracy/depth=2": 0}  # fmt: skip
+
+    records = [evaluation(0, 0.2, 0.5), {"step": 5, "rollout/reward_mean": 0.1},
+               evaluation(10, 0.4, 1.0)]  # fmt: skip
+    charts = chart_series(records)
+    assert set(charts) == {"eval", "reward"}
+    assert charts["eval"] == {
+        "eval/accuracy": [(0, 0.2), (10, 0.4)],
+        "eval/accuracy/depth=1": [(0, 0.5), (10, 1.0)],
+        "eval/accuracy/depth=2": [(0, 0), (10, 0)],
+    }
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert "eval.png" in {p.name for p in plot_run(tmp_path)}
 
 
 def test_plot_cli(tmp_path: Path) -> None:
