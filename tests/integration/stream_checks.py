@@ -261,16 +261,20 @@ def _validated(
     return out
 
 
-def _framing(frames: list[Frame], events: list[tuple[dict[str, Any], Any]]) -> list[str]:
-    """The Responses and Anthropic streams name each event in an `event:` line, and send no
-    `[DONE]` (their last event ends the stream)."""
-    problems = []
+def _named_events(
+    frames: list[Frame], validate: Callable[[Any], Any]
+) -> tuple[list[str], list[tuple[dict[str, Any], Any]]]:
+    """(problems, events) of a Responses or Anthropic stream: each event `_validated`, and the
+    framing those streams have: each event named in an `event:` line, and no `[DONE]` (their
+    last event ends the stream)."""
+    problems: list[str] = []
+    events = _validated([f for f in frames if f.data != "[DONE]"], validate, problems)
     if any(f.data == "[DONE]" for f in frames):
         problems.append("`data: [DONE]` in a stream whose last event ends it")
     for frame, (event, _) in zip([f for f in frames if f.data != "[DONE]"], events, strict=True):
         if frame.event != event["type"]:
             problems.append(f"`event: {frame.event}` frames a {event['type']} event")
-    return problems
+    return problems, events
 
 
 def chat_reply_of(body: dict[str, Any]) -> dict[str, Any]:
@@ -355,11 +359,7 @@ def responses_reply_of(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_responses(frames: list[Frame], body: dict[str, Any]) -> Checked:
-    problems: list[str] = []
-    events = _validated(
-        [f for f in frames if f.data != "[DONE]"], sdk_models.responses_event, problems
-    )
-    problems += _framing(frames, events)
+    problems, events = _named_events(frames, sdk_models.responses_event)
     kinds = [e["type"] for e, _ in events]
     numbers = [e.get("sequence_number") for e, _ in events]
     if numbers != list(range(len(events))):
@@ -425,11 +425,7 @@ def messages_reply_of(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_messages(frames: list[Frame], body: dict[str, Any]) -> Checked:
-    problems: list[str] = []
-    events = _validated(
-        [f for f in frames if f.data != "[DONE]"], sdk_models.messages_event, problems
-    )
-    problems += _framing(frames, events)
+    problems, events = _named_events(frames, sdk_models.messages_event)
     kinds = [e["type"] for e, _ in events]
     if not kinds or kinds[0] != "message_start" or kinds[-1] != "message_stop":
         problems.append(f"message_start must open it and message_stop end it: {kinds}")

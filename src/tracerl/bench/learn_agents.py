@@ -161,19 +161,24 @@ def train(config_path: Path, run_dir: Path, timeout_s: float, *extra: str) -> fl
                       timeout_s)  # fmt: skip
 
 
-def last_eval(run_dir: Path) -> float:
+def last_eval_record(run_dir: Path) -> dict[str, Any]:
+    """The metrics record of `run_dir`'s last eval."""
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
     if not evals:
         raise RuntimeError(f"{run_dir}: no eval was recorded")
-    return float(evals[-1]["eval/accuracy"])
+    return evals[-1]
+
+
+def last_eval(run_dir: Path) -> float:
+    return float(last_eval_record(run_dir)["eval/accuracy"])
 
 
 def judged_by(run_dir: Path) -> dict[str, float]:
     """The last eval's success per value of the held-out tasks' difficulty field in `run_dir`
     (a judge's run, or the start's), as {"FIELD=VALUE": success}; empty where none was set."""
-    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if "eval/accuracy" in r]
     prefix = "eval/accuracy/"
-    return {k.removeprefix(prefix): v for k, v in evals[-1].items() if k.startswith(prefix)}
+    record = last_eval_record(run_dir)
+    return {k.removeprefix(prefix): v for k, v in record.items() if k.startswith(prefix)}
 
 
 def judge(task: str, task_dir: Path, model: Path, name: str) -> float:

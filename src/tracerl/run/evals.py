@@ -114,7 +114,7 @@ class Evals:
             "eval/weight_version_max": max((r.version for r in rollouts if r.ok), default=-1),
             "time/elapsed_s": process_elapsed_s(),
         }
-        by = accuracy_by(e.by, [self.dataset[i] for i in range(len(per_task))], per_task, success)
+        by = accuracy_by(e.by, self.dataset.tasks, per_task, success)  # per_task: in task order
         record.update(by)
         self.metrics.log(record)
         self.progress.eval_accuracy = record["eval/accuracy"]
