@@ -41,6 +41,13 @@ SETUPS: dict[str, dict[str, Any]] = {
         "critic": {"epochs": 2},
         "kl_reward_coef": 0.05,
     },
+    # one critic update: the values come from its own forward, per rank's shard
+    "ppo_one_critic_update": {
+        "algorithm": "ppo",
+        "actor": {"mini_batches": 2},
+        "kl_reward_coef": 0.05,
+        "lam": 0.9,
+    },
     # a uniform group (zero-gradient samples never forwarded), the KL loss off then on
     "grpo": {"algorithm": "grpo", "actor": {"epochs": 2}},
     "grpo_kl": {"algorithm": "grpo", "kl_loss_coef": 0.05, "batching": "pad"},
@@ -155,7 +162,8 @@ def test_two_ranks_make_the_single_process_step(tiny: Any, tmp_path: Path, setup
     sharded = on_ranks(2, work, tmp_path)
     assert_same(sharded, single)
     # the engines' weights: the sharded export is the gathered actor (and critic)
-    for part in ("model.safetensors", "critic/model.safetensors")[: 2 if setup == "ppo" else 1]:
+    parts = ("model.safetensors", "critic/model.safetensors")
+    for part in parts[: 2 if setup.startswith("ppo") else 1]:
         one, two = (load_file(tmp_path / f"ranks-{n}" / part) for n in (1, 2))
         assert one.keys() == two.keys()
         for name in one:

@@ -203,6 +203,14 @@ class TrainerConfig(Config):
     of 0.6-1.2 on such steps, 0.03-0.06 unwhitened: docs/benchmarks.md). False (the default)
     trains such a batch on its advantages as they are; true whitens every batch, as the usual
     PPO does."""
+    zero_uniform_batches: bool = False
+    """ppo: give a batch whose episodes all have the same reward advantage 0 (without
+    KL-in-reward, whose per-token terms differ), as a group baseline gives a group whose
+    episodes all scored the same. Such a batch's advantages are then only the critic's errors,
+    and its actor update follows them; with this set, the actor's update is the optimizer's
+    step on a zero gradient (its momentum carries on, the schedule advances), without an actor
+    forward unless a KL loss needs one, and the critic still trains on the batch. False (the
+    default) trains the actor on such a batch's advantages as they are."""
     std_normalize: bool = True
     """grpo: divide by the group's reward standard deviation."""
     filter_uniform_groups: bool = False

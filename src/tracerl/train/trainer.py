@@ -73,6 +73,7 @@ from tracerl.train.update import (
     update_actor,
     update_critic,
     update_sft,
+    value_and_update_critic,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -121,6 +122,10 @@ class Trainer:
         # routing replay where the model has routers (refused for routers it cannot replay)
         self.replay = config.moe.routing == "replay" and check_replayable(self.actor) > 0
         self.batching = resolve_batching(config.batching, self.actor)
+        # PPO values the states in the critic update's own forward where that gives the same
+        # values (`_values_in_update`); False always runs the separate no-grad pass (the
+        # tests compare the two)
+        self.fuse_value_pass = True
         # a tree row's mask replaces the model's own, which would drop a sliding window
         self.share_prefix = config.share_prefix and sliding_window(self.actor.config) is None
         # FSDP2 keeps the models resident and shards them instead of moving them whole.
@@ -333,6 +338,14 @@ class Trainer:
             return contextlib.nullcontext()
         return lora.dropout_active(model)
 
+    def _values_in_update(self) -> bool:
+        """Whether the critic's update forward also gives the step's values (one update, and
+        no LoRA dropout, whose values would differ from a no-grad pass's), instead of a
+        separate no-grad value pass before it."""
+        one_update = self.config.critic.epochs == 1 and self.config.critic.mini_batches == 1
+        dropout = self.lora is not None and self.lora.dropout > 0
+        return self.fuse_value_pass and one_update and not dropout
+
     def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
         return micro_batches_for(batch, samples, self.config, self.batching, self.share_prefix)
 
@@ -381,7 +394,8 @@ class Trainer:
         uniform_rewards: bool,
     ) -> list[int]:
         """One PPO step; `uniform_rewards`: every episode of the whole batch has the same
-        reward (its advantages are whitened only with `whiten_uniform_batches`)."""
+        reward (its advantages are whitened only with `whiten_uniform_batches`, and are 0
+        with `zero_uniform_batches`)."""
         cfg = self.config
         assert self.critic is not None and self.critic_optimizer is not None
         samples = list(range(batch.size))
@@ -393,42 +407,60 @@ class Trainer:
         # One no-grad actor pass, before the critic phase, serves KL-in-reward and the old
         # log-probs of several actor updates.
         recompute = cfg.kl_reward_coef > 0 and cfg.kl_behavior_logprobs == "recompute"
-        if not warmup and (recompute or self._actor_updates(shard.total) > 1):
+        # the same on every rank: the whole batch's rewards and the config decide it
+        zeroed = uniform_rewards and cfg.zero_uniform_batches and cfg.kl_reward_coef == 0
+        forwarded = not zeroed or cfg.kl_loss_coef > 0  # a KL loss has a gradient of its own
+        if not warmup and forwarded and (recompute or self._actor_updates(shard.total) > 1):
             old = self._behaviour_logprobs(batch, shard, mbs, metrics)
+        rewards = terminal_rewards(batch.rewards, mask, cu)
+        if cfg.kl_reward_coef > 0:
+            assert ref is not None
+            # recomputed unless configured otherwise; critic warmup has no actor pass
+            behaviour = old if recompute and old is not None else batch.rollout_logprobs
+            kl = kl_per_token(behaviour, ref, cfg.kl_estimator) * mask
+            metrics.mean(
+                "kl/ref_mean", float(kl.sum() / mask.sum().clamp_min(1)), float(mask.sum())
+            )
+            rewards = kl_in_reward(rewards, kl, cfg.kl_reward_coef, mask)
+
+        def estimate(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return gae(values, rewards, mask, cu, cfg.gamma, cfg.lam)  # advantages, returns
+
         with self._phase(Phase.CRITIC, "critic", metrics):
             self.phases.require("critic")
-            values = all_values(
-                self.critic,
-                mbs,
-                batch.token_ids.numel(),
-                self.device,
-                shard.padding(mbs, self.device, self.batching),
-                self.autocast,
-            )
-            reshard(self.critic)
-            rewards = terminal_rewards(batch.rewards, mask, cu)
-            if cfg.kl_reward_coef > 0:
-                assert ref is not None
-                # recomputed unless configured otherwise; critic warmup has no actor pass
-                behaviour = old if recompute and old is not None else batch.rollout_logprobs
-                kl = kl_per_token(behaviour, ref, cfg.kl_estimator) * mask
-                metrics.mean(
-                    "kl/ref_mean", float(kl.sum() / mask.sum().clamp_min(1)), float(mask.sum())
-                )
-                rewards = kl_in_reward(rewards, kl, cfg.kl_reward_coef, mask)
-            advantages, returns = gae(values, rewards, mask, cu, cfg.gamma, cfg.lam)
+            if self._values_in_update():
+                values = value_and_update_critic(
+                    self.critic, self.critic_optimizer, self.critic_scheduler, batch, shard,
+                    lambda v: estimate(v)[1], cfg, generator, metrics, self.batching,
+                )  # fmt: skip
+                advantages, returns = estimate(values)
+            else:
+                values = all_values(
+                    self.critic, mbs, batch.token_ids.numel(), self.device,
+                    shard.padding(mbs, self.device, self.batching), self.autocast,
+                )  # fmt: skip
+                reshard(self.critic)
+                advantages, returns = estimate(values)
+                with self._adapter_dropout(self.critic):
+                    update_critic(
+                        self.critic, self.critic_optimizer, self.critic_scheduler, batch,
+                        shard, values, returns, cfg, generator, metrics, self.batching,
+                    )  # fmt: skip
             ev = explained_variance(values, returns, mask)
             if ev is not None:
                 metrics.set("critic/explained_variance", ev)
             for name, x in (("value", values), ("return", returns)):
                 metrics.set(f"critic/{name}_mean", token_stats(x, mask)["mean"])
-            with self._adapter_dropout(self.critic):
-                update_critic(
-                    self.critic, self.critic_optimizer, self.critic_scheduler, batch, shard,
-                    values, returns, cfg, generator, metrics, self.batching,
-                )  # fmt: skip
         if warmup:
             metrics.set("critic/warmup", 1.0)
+            return samples
+        metrics.set("adv/zeroed", float(zeroed))
+        if zeroed:  # the update on advantage 0: the optimizer's step on a zero gradient
+            advantages = torch.zeros_like(advantages)
+            no_grad = frozenset() if forwarded else frozenset(samples)
+            self._train_actor(
+                batch, shard, forwarded, mbs, advantages, old, ref, metrics, generator, no_grad
+            )
             return samples
         whitened = cfg.whiten_advantages and (cfg.whiten_uniform_batches or not uniform_rewards)
         if whitened:

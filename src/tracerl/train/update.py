@@ -324,6 +324,63 @@ def update_critic(
 ) -> None:
     """Clipped value-loss updates of the critic toward `returns` `[N]` over this rank's `shard`
     of the step's samples (`batch`)."""
+    _critic_updates(
+        critic, optimizer, scheduler, batch, shard, config, generator, metrics, batching,
+        lambda mb, values: (old_values[mb.actions], returns[mb.actions]),
+    )  # fmt: skip
+
+
+def value_and_update_critic(
+    critic: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batch: PackedBatch,
+    shard: Shard,
+    returns_of: Callable[[torch.Tensor], torch.Tensor],
+    config: TrainerConfig,
+    generator: torch.Generator,
+    metrics: Metrics,
+    batching: Batching,
+) -> torch.Tensor:
+    """The critic's one update (one epoch of one mini-batch) that also values the step's
+    states, so that no separate no-grad value pass is needed: each sample is forwarded once,
+    with gradients, before the update's only optimizer step, so its values are those a
+    separate pass would have given. They are the update's old values, and `returns_of(values)`
+    `[N] -> [N]` its returns, called per micro-batch with the values of that micro-batch's
+    trajectories filled in (the returns must depend only on a trajectory's own values, as
+    GAE's do). Returns the values `[N]` (0 off actions) of this rank's samples."""
+    if config.critic.epochs != 1 or config.critic.mini_batches != 1:
+        raise ValueError(
+            "critic: one update (epochs = 1, mini_batches = 1) is needed to value the states "
+            "in the update's own forward"
+        )
+    seen = torch.zeros(batch.token_ids.numel(), dtype=torch.float32, device=batch.token_ids.device)
+
+    def targets(mb: MicroBatch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        old = values.detach()
+        seen[mb.actions] = old
+        return old, returns_of(seen)[mb.actions]
+
+    _critic_updates(
+        critic, optimizer, scheduler, batch, shard, config, generator, metrics, batching, targets
+    )
+    return seen
+
+
+def _critic_updates(
+    critic: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batch: PackedBatch,
+    shard: Shard,
+    config: TrainerConfig,
+    generator: torch.Generator,
+    metrics: Metrics,
+    batching: Batching,
+    targets: Callable[[MicroBatch, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """The critic's updates; `targets(mb, values)`: the old values and returns of `mb`'s
+    actions, given the values the update's forward computed."""
     parts = shard.localize(
         shuffled_parts(
             range(shard.total), config.critic.mini_batches, config.critic.epochs, generator
@@ -337,10 +394,8 @@ def update_critic(
 
     def backward(mb: MicroBatch, denom: torch.Tensor, index: int) -> None:
         values = action_values(critic, mb, autocast)
-        loss, m = value_loss(
-            values, old_values[mb.actions], returns[mb.actions], clip=config.value_clip,
-            denominator=denom,
-        )  # fmt: skip
+        old, returns = targets(mb, values)
+        loss, m = value_loss(values, old, returns, clip=config.value_clip, denominator=denom)
         loss.backward()
         metrics.add("critic/value_loss", float(loss.detach()))
         metrics.mean("critic/value_clip_frac", m["value_clip_frac"], values.numel())

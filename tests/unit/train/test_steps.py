@@ -369,3 +369,87 @@ def test_autocast_multiplies_in_bfloat16_and_keeps_everything_else_float32(
     probed = torch.tensor(mixed.probe_logprobs(ids, 12))
     assert seen[0] == {torch.float32}
     assert torch.allclose(probed, reference_logprobs(mixed.actor, ids[:12], ids[12:], 1.0))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"kl_reward_coef": 0.1, "lam": 0.8, "gamma": 0.9, "value_clip": 0.05}],
+    ids=["defaults", "kl_in_reward_and_discounting"],
+)
+def test_one_critic_update_values_the_states_in_its_own_forward(
+    make_trainer: MakeTrainer, overrides: dict[str, Any]
+) -> None:
+    """With one critic update the critic runs no separate value pass, and the step is the
+    one that pass gives: the same values, returns, losses and weights."""
+    fused = make_trainer(algorithm="ppo", token_budget=40, **overrides)
+    separate = make_trainer(algorithm="ppo", token_budget=40, **overrides)
+    separate.fuse_value_pass = False
+    assert fused._values_in_update() and not separate._values_in_update()
+    assert fused.critic is not None and separate.critic is not None
+    calls = {"fused": count_forwards(fused.critic), "separate": count_forwards(separate.critic)}
+    before = {"actor": snapshot(fused.actor), "critic": snapshot(fused.critic)}
+    samples = make_samples(5, count=6)
+    for _ in range(3):  # later steps start from weights the first updates moved
+        got, want = fused.step(samples), separate.step(samples)
+        for key in (
+            "critic/value_mean", "critic/return_mean", "critic/value_loss",
+            "critic/explained_variance", "critic/value_clip_frac", "adv/mean", "adv/std",
+            "actor/policy_loss", "critic/grad_norm", "actor/grad_norm",
+        ):  # fmt: skip
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert calls["separate"][0] == 2 * calls["fused"][0] > 0  # one forward per micro-batch
+    for name in ("actor", "critic"):
+        # the weights moved the same way, up to float rounding (which Adam's normalised steps
+        # can enlarge on a component whose gradient is near zero: compared over the model)
+        moved = [
+            torch.cat([(m.state_dict()[k] - v).flatten() for k, v in before[name].items()])
+            for m in (getattr(fused, name), getattr(separate, name))
+        ]
+        assert float((moved[0] - moved[1]).norm() / moved[1].norm()) < 1e-3, name
+
+
+def test_several_critic_updates_value_the_states_before_the_first(
+    make_trainer: MakeTrainer,
+) -> None:
+    trainer = make_trainer(algorithm="ppo", critic={"epochs": 2})
+    assert not trainer._values_in_update()
+    trainer = make_trainer(algorithm="ppo", critic={"mini_batches": 2})
+    assert not trainer._values_in_update()
+
+
+@pytest.mark.parametrize(
+    "overrides, actor_forwards",
+    [
+        ({"zero_uniform_batches": True}, False),
+        ({"zero_uniform_batches": True, "kl_loss_coef": 0.1}, True),  # the KL loss's gradient
+        ({"zero_uniform_batches": False}, True),
+    ],
+    ids=["zeroed", "zeroed_with_a_kl_loss", "default"],
+)
+def test_a_ppo_batch_with_one_reward_gets_advantage_0_when_asked(
+    make_trainer: MakeTrainer, overrides: dict[str, Any], actor_forwards: bool
+) -> None:
+    """`zero_uniform_batches`: a batch whose episodes all scored the same trains the critic,
+    and the actor's update is the optimizer's step on a zero gradient (momentum carries on),
+    with no actor forward unless a KL loss needs one."""
+    trainer = make_trainer(algorithm="ppo", actor={"mini_batches": 2}, **overrides)
+    assert trainer.critic is not None
+    actor_tokens, critic_tokens = count_tokens(trainer.actor), count_tokens(trainer.critic)
+    base = make_samples(3, count=6)
+    varied = trainer.step(base)
+    assert varied["adv/zeroed"] == 0.0 and actor_tokens
+    actor_tokens.clear(), critic_tokens.clear()
+    actor_before, critic_before = snapshot(trainer.actor), snapshot(trainer.critic)
+    same = trainer.step(with_rewards(base, [1.0] * 6))
+    assert same["adv/zeroed"] == float(overrides["zero_uniform_batches"])
+    assert bool(actor_tokens) == actor_forwards and critic_tokens
+    assert changed(trainer.critic, critic_before) == set(critic_before)
+    assert changed(trainer.actor, actor_before)  # at least momentum moved it
+    assert same["actor/updates"] == 2 and trainer.actor_scheduler.last_epoch == 4
+
+
+def test_kl_in_reward_keeps_a_one_reward_batchs_advantages(make_trainer: MakeTrainer) -> None:
+    """With KL-in-reward the per-token rewards differ even where the scores do not."""
+    trainer = make_trainer(algorithm="ppo", zero_uniform_batches=True, kl_reward_coef=0.1)
+    metrics = trainer.step(with_rewards(make_samples(3, count=6), [1.0] * 6))
+    assert metrics["adv/zeroed"] == 0.0 and metrics["adv/std"] > 0
