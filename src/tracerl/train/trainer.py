@@ -43,10 +43,8 @@ from typing import Any, cast
 
 import torch
 
-from tracerl.algo.advantages import gae, group_advantages, terminal_rewards, uniform_groups, whiten
+from tracerl.algo.advantages import gae, group_advantages, uniform_groups, whiten
 from tracerl.algo.distributed import all_reduce_sum
-from tracerl.algo.losses import kl_in_reward, kl_per_token
-from tracerl.algo.stats import explained_variance
 from tracerl.config.train import RESUME_SAFE_FIELDS, OptimizerConfig, TrainerConfig
 from tracerl.engine.adapters import AdapterWeights
 from tracerl.models import sliding_window
@@ -69,6 +67,8 @@ from tracerl.train.shard import Shard, reshard, shard_model, world
 from tracerl.train.update import (
     ActorTargets,
     Metrics,
+    critic_metrics,
+    ppo_rewards,
     token_stats,
     update_actor,
     update_critic,
@@ -412,16 +412,10 @@ class Trainer:
         forwarded = not zeroed or cfg.kl_loss_coef > 0  # a KL loss has a gradient of its own
         if not warmup and forwarded and (recompute or self._actor_updates(shard.total) > 1):
             old = self._behaviour_logprobs(batch, shard, mbs, metrics)
-        rewards = terminal_rewards(batch.rewards, mask, cu)
-        if cfg.kl_reward_coef > 0:
-            assert ref is not None
-            # recomputed unless configured otherwise; critic warmup has no actor pass
-            behaviour = old if recompute and old is not None else batch.rollout_logprobs
-            kl = kl_per_token(behaviour, ref, cfg.kl_estimator) * mask
-            metrics.mean(
-                "kl/ref_mean", float(kl.sum() / mask.sum().clamp_min(1)), float(mask.sum())
-            )
-            rewards = kl_in_reward(rewards, kl, cfg.kl_reward_coef, mask)
+        # KL-in-reward's behaviour log-probs: recomputed unless configured otherwise; critic
+        # warmup has no actor pass
+        behaviour = old if recompute and old is not None else batch.rollout_logprobs
+        rewards = ppo_rewards(batch, cfg, behaviour, ref, metrics)
 
         def estimate(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             return gae(values, rewards, mask, cu, cfg.gamma, cfg.lam)  # advantages, returns
@@ -446,11 +440,7 @@ class Trainer:
                         self.critic, self.critic_optimizer, self.critic_scheduler, batch,
                         shard, values, returns, cfg, generator, metrics, self.batching,
                     )  # fmt: skip
-            ev = explained_variance(values, returns, mask)
-            if ev is not None:
-                metrics.set("critic/explained_variance", ev)
-            for name, x in (("value", values), ("return", returns)):
-                metrics.set(f"critic/{name}_mean", token_stats(x, mask)["mean"])
+            critic_metrics(values, returns, mask, metrics)
         if warmup:
             metrics.set("critic/warmup", 1.0)
             return samples

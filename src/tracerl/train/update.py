@@ -20,8 +20,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tracerl.algo.advantages import terminal_rewards
 from tracerl.algo.distributed import all_reduce_max, all_reduce_sum, global_token_count
-from tracerl.algo.losses import kl_penalty, kl_per_token, policy_loss, value_loss
+from tracerl.algo.losses import kl_in_reward, kl_penalty, kl_per_token, policy_loss, value_loss
+from tracerl.algo.stats import explained_variance
 from tracerl.config.train import TrainerConfig
 from tracerl.train.batch import Batching, MicroBatch, PackedBatch, micro_batches_for
 from tracerl.train.forward import AUTOCAST, action_logprobs, action_values
@@ -119,6 +121,36 @@ class ActorTargets:
     advantages: torch.Tensor  # [N]
     old_logprobs: torch.Tensor | None  # [N]; None: the update's own first forward (one update)
     ref_logprobs: torch.Tensor | None  # [N] when a KL loss is configured
+
+
+def ppo_rewards(
+    batch: PackedBatch,
+    config: TrainerConfig,
+    behaviour: torch.Tensor,
+    ref: torch.Tensor | None,
+    metrics: Metrics,
+) -> torch.Tensor:
+    """A PPO step's per-token rewards `[N]`: each trajectory's score on its last action token,
+    minus `kl_reward_coef` x the KL of the `behaviour` log-probs to `ref` on every action."""
+    mask = batch.loss_mask
+    rewards = terminal_rewards(batch.rewards, mask, batch.cu_seqlens)
+    if config.kl_reward_coef == 0:
+        return rewards
+    assert ref is not None
+    kl = kl_per_token(behaviour, ref, config.kl_estimator) * mask
+    metrics.mean("kl/ref_mean", float(kl.sum() / mask.sum().clamp_min(1)), float(mask.sum()))
+    return kl_in_reward(rewards, kl, config.kl_reward_coef, mask)
+
+
+def critic_metrics(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, metrics: Metrics
+) -> None:
+    """The critic's explained variance and mean value and return over the action tokens."""
+    ev = explained_variance(values, returns, mask)
+    if ev is not None:
+        metrics.set("critic/explained_variance", ev)
+    for name, x in (("value", values), ("return", returns)):
+        metrics.set(f"critic/{name}_mean", token_stats(x, mask)["mean"])
 
 
 def shuffled_parts(
