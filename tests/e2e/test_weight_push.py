@@ -29,7 +29,7 @@ def trainer_logprobs(trainer: Trainer, prompt: list[int], output: list[int]) -> 
         0.0,
     )  # fmt: skip
     batch = PackedBatch.build([sample], trainer.device)
-    mbs = trainer._mbs(batch, [0])
+    mbs = trainer.micro_batches(batch, [0])
     out = all_logprobs(trainer.actor, mbs, batch.token_ids.numel(), TEMPERATURE, trainer.device)
     return out[len(prompt) :]
 

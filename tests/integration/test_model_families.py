@@ -142,7 +142,7 @@ def test_a_training_step_scores_a_group_under_the_models_window(
         for i, out in enumerate(outputs)
     ]  # fmt: skip
     batch = PackedBatch.build(samples, trainer.device)
-    mbs = trainer._mbs(batch, [0, 1])
+    mbs = trainer.micro_batches(batch, [0, 1])
     scored = all_logprobs(trainer.actor, mbs, batch.token_ids.numel(), 1.0, trainer.device)
     start = 0
     for out in outputs:

@@ -203,7 +203,7 @@ class Forced:
 
 def score(trainer: Trainer, samples: list[TrainSample]) -> torch.Tensor:
     batch = PackedBatch.build(samples, trainer.device, routing=trainer.replay)
-    mbs = trainer._mbs(batch, list(range(len(samples))))
+    mbs = trainer.micro_batches(batch, list(range(len(samples))))
     return all_logprobs(trainer.actor, mbs, batch.token_ids.numel(), 1.0, trainer.device)[
         batch.loss_mask.bool()
     ]

@@ -130,7 +130,7 @@ def mismatch(trainer: Any, outs: list[Any], batch: list[list[int]], replay: bool
             )
         )
     packed = PackedBatch.build(samples, trainer.device)
-    mbs = trainer._mbs(packed, list(range(len(samples))))
+    mbs = trainer.micro_batches(packed, list(range(len(samples))))
     scored = all_logprobs(trainer.actor, mbs, packed.token_ids.numel(), 1.0, trainer.device)
     actions = packed.loss_mask.bool()
     return (scored[actions] - packed.rollout_logprobs[actions]).abs().numpy()

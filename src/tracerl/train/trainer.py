@@ -8,18 +8,9 @@ checkpoints and weight export. The RL loop drives it; it never talks HTTP.
     trainer.export(run_dir / "export")        # Hugging Face dir for engines; critic/ inside
     await pool.update_weights(None, version, trainer.actor_named_tensors())  # in process
 
-A PPO step: reference log-probs (KL configured) -> behaviour log-probs (KL-in-reward with
-`recompute`) -> critic values under no_grad -> token rewards (terminal score, minus
-beta * KL) -> GAE -> critic updates -> actor updates (PPO-clip with TIS against the rollout
-log-probs). During `critic_warmup_steps` it stops after the critic: no actor forward, update or
-schedule step, and KL-in-reward uses the rollout log-probs. A group-baseline step takes
-`group_advantages` for every action token of a trajectory and updates the actor (optionally
-with the KL loss). It trains on every sample it is given: dropping uniform-reward groups
-(`filter_uniform_groups`) is the loop's, before a step, so that the step can wait for signal.
-Uniform groups it is given are counted; a sample whose advantage is 0 (without a KL loss) counts
-in the loss denominators but is never forwarded, since its gradient is exactly zero, and a batch
-with no signal still steps the optimizer (AdamW's momentum), as training on it would. Phases
-go through `MemoryPhases`, which on CUDA moves the models not in use to the host.
+The step's algorithm (PPO or a group baseline) and its passes are `tracerl.train.steps`'s; the
+trainer owns the models, optimizers, schedules, checkpoints and export. Phases go through
+`MemoryPhases`, which on CUDA moves the models not in use to the host.
 
 Under a torch process group of several ranks (`tracerl.train.shard`), the models are sharded
 with FSDP2 and each rank is given the same whole batch and trains on its share; the step is the
@@ -43,13 +34,12 @@ from typing import Any, cast
 
 import torch
 
-from tracerl.algo.advantages import gae, group_advantages, uniform_groups, whiten
 from tracerl.algo.distributed import all_reduce_sum
 from tracerl.config.train import RESUME_SAFE_FIELDS, OptimizerConfig, TrainerConfig
 from tracerl.engine.adapters import AdapterWeights
 from tracerl.models import sliding_window
 from tracerl.train import checkpoint as ckpt
-from tracerl.train import lora, probe
+from tracerl.train import lora, probe, steps
 from tracerl.train.batch import (
     MicroBatch,
     PackedBatch,
@@ -58,23 +48,13 @@ from tracerl.train.batch import (
     micro_batches_for,
     resolve_batching,
 )
-from tracerl.train.forward import AUTOCAST, all_logprobs, all_values
+from tracerl.train.forward import AUTOCAST
 from tracerl.train.models import load_actor, load_reference, value_model_from_actor
 from tracerl.train.phases import MemoryPhases, Phase, Place
 from tracerl.train.replay import check_replayable
 from tracerl.train.schedule import ResumableLambdaLR, build_lr_schedule
-from tracerl.train.shard import Shard, reshard, shard_model, world
-from tracerl.train.update import (
-    ActorTargets,
-    Metrics,
-    critic_metrics,
-    ppo_rewards,
-    token_stats,
-    update_actor,
-    update_critic,
-    update_sft,
-    value_and_update_critic,
-)
+from tracerl.train.shard import Shard, shard_model, world
+from tracerl.train.update import Metrics, update_sft
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -123,7 +103,7 @@ class Trainer:
         self.replay = config.moe.routing == "replay" and check_replayable(self.actor) > 0
         self.batching = resolve_batching(config.batching, self.actor)
         # PPO values the states in the critic update's own forward where that gives the same
-        # values (`_values_in_update`); False always runs the separate no-grad pass (the
+        # values (`steps.values_in_update`); False always runs the separate no-grad pass (the
         # tests compare the two)
         self.fuse_value_pass = True
         # a tree row's mask replaces the model's own, which would drop a sliding window
@@ -265,9 +245,9 @@ class Trainer:
         try:
             if self.config.uses_critic:
                 uniform = len({s.reward for s in samples}) == 1  # the whole batch's rewards
-                trained = self._ppo_step(batch, shard, metrics, generator, uniform)
+                trained = steps.ppo_step(self, batch, shard, metrics, generator, uniform)
             else:
-                trained = self._group_step(batch, shard, samples, metrics, generator)
+                trained = steps.group_step(self, batch, shard, samples, metrics, generator)
         finally:
             self.phases.enter(Phase.IDLE)
         self.step_count += 1
@@ -303,9 +283,9 @@ class Trainer:
         shard, batch = self._batch(samples)
         metrics = Metrics()
         try:
-            with self._phase(Phase.ACTOR, "actor", metrics):
+            with self.phase(Phase.ACTOR, "actor", metrics):
                 self.phases.require("actor")
-                with self._adapter_dropout(self.actor):
+                with self.adapter_dropout(self.actor):
                     update_sft(
                         self.actor, self.actor_optimizer, self.actor_scheduler, batch, shard,
                         self.config, metrics, self.batching,
@@ -323,8 +303,11 @@ class Trainer:
         metrics.set("step", float(self.step_count))
         return metrics.result()
 
+    # ---- what a step's passes share (`tracerl.train.steps`) -----------------------------------
+
     @contextlib.contextmanager
-    def _phase(self, phase: Phase, name: str, metrics: Metrics) -> Iterator[None]:
+    def phase(self, phase: Phase, name: str, metrics: Metrics) -> Iterator[None]:
+        """Enter a memory phase (`MemoryPhases`) and time it as `time/NAME`."""
         started = time.perf_counter()
         self.phases.enter(phase)
         yield
@@ -332,205 +315,15 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         metrics.set(f"time/{name}", time.perf_counter() - started)
 
-    def _adapter_dropout(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
+    def adapter_dropout(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """LoRA's dropout, in an update's forwards only."""
         if self.lora is None or self.lora.dropout == 0:
             return contextlib.nullcontext()
         return lora.dropout_active(model)
 
-    def _values_in_update(self) -> bool:
-        """Whether the critic's update forward also gives the step's values (one update, and
-        no LoRA dropout, whose values would differ from a no-grad pass's), instead of a
-        separate no-grad value pass before it."""
-        one_update = self.config.critic.epochs == 1 and self.config.critic.mini_batches == 1
-        dropout = self.lora is not None and self.lora.dropout > 0
-        return self.fuse_value_pass and one_update and not dropout
-
-    def _mbs(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
+    def micro_batches(self, batch: PackedBatch, samples: Sequence[int]) -> list[MicroBatch]:
+        """The micro-batches of `samples` (indices into `batch`) under this trainer's batching."""
         return micro_batches_for(batch, samples, self.config, self.batching, self.share_prefix)
-
-    def _reference_logprobs(
-        self, batch: PackedBatch, shard: Shard, mbs: list[MicroBatch], metrics: Metrics
-    ) -> torch.Tensor | None:
-        if not self.config.uses_reference:
-            return None
-        if self.reference is None:  # LoRA: the actor without its adapters
-            with (
-                self._phase(Phase.BEHAVIOUR, "reference", metrics),
-                lora.adapters_disabled(self.actor),
-            ):
-                self.phases.require("actor")
-                return all_logprobs(
-                    self.actor, mbs, batch.token_ids.numel(), self.config.temperature,
-                    self.device, shard.padding(mbs, self.device, self.batching), self.autocast,
-                )  # fmt: skip
-        with self._phase(Phase.REFERENCE, "reference", metrics):
-            self.phases.require("reference")
-            out = all_logprobs(
-                self.reference, mbs, batch.token_ids.numel(), self.config.temperature,
-                self.device, shard.padding(mbs, self.device, self.batching), self.autocast,
-            )  # fmt: skip
-            reshard(self.reference)
-            return out
-
-    def _behaviour_logprobs(
-        self, batch: PackedBatch, shard: Shard, mbs: list[MicroBatch], metrics: Metrics
-    ) -> torch.Tensor:
-        with self._phase(Phase.BEHAVIOUR, "behaviour", metrics):
-            self.phases.require("actor")
-            out = all_logprobs(
-                self.actor, mbs, batch.token_ids.numel(), self.config.temperature,
-                self.device, shard.padding(mbs, self.device, self.batching), self.autocast,
-            )  # fmt: skip
-            reshard(self.actor)
-            return out
-
-    def _ppo_step(
-        self,
-        batch: PackedBatch,
-        shard: Shard,
-        metrics: Metrics,
-        generator: torch.Generator,
-        uniform_rewards: bool,
-    ) -> list[int]:
-        """One PPO step; `uniform_rewards`: every episode of the whole batch has the same
-        reward (its advantages are whitened only with `whiten_uniform_batches`, and are 0
-        with `zero_uniform_batches`)."""
-        cfg = self.config
-        assert self.critic is not None and self.critic_optimizer is not None
-        samples = list(range(batch.size))
-        mbs = self._mbs(batch, samples)
-        mask, cu = batch.loss_mask, batch.cu_seqlens
-        warmup = self.step_count < cfg.critic_warmup_steps
-        ref = self._reference_logprobs(batch, shard, mbs, metrics)
-        old: torch.Tensor | None = None
-        # One no-grad actor pass, before the critic phase, serves KL-in-reward and the old
-        # log-probs of several actor updates.
-        recompute = cfg.kl_reward_coef > 0 and cfg.kl_behavior_logprobs == "recompute"
-        # the same on every rank: the whole batch's rewards and the config decide it
-        zeroed = uniform_rewards and cfg.zero_uniform_batches and cfg.kl_reward_coef == 0
-        forwarded = not zeroed or cfg.kl_loss_coef > 0  # a KL loss has a gradient of its own
-        if not warmup and forwarded and (recompute or self._actor_updates(shard.total) > 1):
-            old = self._behaviour_logprobs(batch, shard, mbs, metrics)
-        # KL-in-reward's behaviour log-probs: recomputed unless configured otherwise; critic
-        # warmup has no actor pass
-        behaviour = old if recompute and old is not None else batch.rollout_logprobs
-        rewards = ppo_rewards(batch, cfg, behaviour, ref, metrics)
-
-        def estimate(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return gae(values, rewards, mask, cu, cfg.gamma, cfg.lam)  # advantages, returns
-
-        with self._phase(Phase.CRITIC, "critic", metrics):
-            self.phases.require("critic")
-            if self._values_in_update():
-                values = value_and_update_critic(
-                    self.critic, self.critic_optimizer, self.critic_scheduler, batch, shard,
-                    lambda v: estimate(v)[1], cfg, generator, metrics, self.batching,
-                )  # fmt: skip
-                advantages, returns = estimate(values)
-            else:
-                values = all_values(
-                    self.critic, mbs, batch.token_ids.numel(), self.device,
-                    shard.padding(mbs, self.device, self.batching), self.autocast,
-                )  # fmt: skip
-                reshard(self.critic)
-                advantages, returns = estimate(values)
-                with self._adapter_dropout(self.critic):
-                    update_critic(
-                        self.critic, self.critic_optimizer, self.critic_scheduler, batch,
-                        shard, values, returns, cfg, generator, metrics, self.batching,
-                    )  # fmt: skip
-            critic_metrics(values, returns, mask, metrics)
-        if warmup:
-            metrics.set("critic/warmup", 1.0)
-            return samples
-        metrics.set("adv/zeroed", float(zeroed))
-        if zeroed:  # the update on advantage 0: the optimizer's step on a zero gradient
-            advantages = torch.zeros_like(advantages)
-            no_grad = frozenset() if forwarded else frozenset(samples)
-            self._train_actor(
-                batch, shard, forwarded, mbs, advantages, old, ref, metrics, generator, no_grad
-            )
-            return samples
-        whitened = cfg.whiten_advantages and (cfg.whiten_uniform_batches or not uniform_rewards)
-        if whitened:
-            advantages = whiten(advantages, mask)
-        metrics.set("adv/whitened", float(whitened))
-        for key, value in token_stats(advantages, mask).items():
-            metrics.set(f"adv/{key}", value)
-        self._train_actor(batch, shard, True, mbs, advantages, old, ref, metrics, generator)
-        return samples
-
-    def _group_step(
-        self,
-        batch: PackedBatch,
-        shard: Shard,
-        whole: Sequence[TrainSample],
-        metrics: Metrics,
-        generator: torch.Generator,
-    ) -> list[int]:
-        """Baselines come from the whole batch (`whole`), which every rank holds; each rank
-        trains on its shard of it."""
-        cfg = self.config
-        rewards = torch.tensor([s.reward for s in whole], dtype=torch.float32)
-        group_ids = torch.tensor([s.group_id for s in whole], dtype=torch.int64)
-        uniform = uniform_groups(rewards, group_ids)
-        metrics.set("groups/count", float(torch.unique(group_ids).numel()))
-        metrics.set("groups/uniform", float(torch.unique(group_ids[uniform]).numel()))
-        method = cfg.algorithm
-        assert method != "ppo"  # a group baseline, narrowed for the type checker
-        whole_advantages = group_advantages(
-            rewards, group_ids, method, std_normalize=cfg.std_normalize
-        ).tolist()
-        # Without a KL loss, a sample whose advantage is 0 has exactly zero gradient: it stays
-        # in the denominators (so the update equals training on it) but is never forwarded.
-        zero = [cfg.kl_loss_coef == 0 and a == 0.0 for a in whole_advantages]
-        metrics.set("actor/zero_grad_samples", float(sum(zero)))
-        per_sample = torch.tensor(
-            [whole_advantages[g] for g in shard.owned], dtype=torch.float32, device=self.device
-        )
-        lengths = torch.tensor(batch.lengths, device=self.device)
-        advantages = torch.repeat_interleave(per_sample, lengths) * batch.loss_mask
-        zero_grad = frozenset(i for i, g in enumerate(shard.owned) if zero[g])
-        computed = [i for i in range(batch.size) if i not in zero_grad]
-        for key, value in token_stats(advantages, batch.loss_mask).items():
-            metrics.set(f"adv/{key}", value)
-        mbs = self._mbs(batch, computed) if computed else []
-        ref = self._reference_logprobs(batch, shard, mbs, metrics)
-        self._train_actor(
-            batch, shard, not all(zero), mbs, advantages, None, ref, metrics, generator, zero_grad
-        )
-        return computed
-
-    def _actor_updates(self, samples: int) -> int:
-        optim = self.config.actor
-        return optim.epochs * min(optim.mini_batches, samples)
-
-    def _train_actor(
-        self,
-        batch: PackedBatch,
-        shard: Shard,
-        forwarded: bool,
-        mbs: list[MicroBatch],
-        advantages: torch.Tensor,
-        old: torch.Tensor | None,
-        ref: torch.Tensor | None,
-        metrics: Metrics,
-        generator: torch.Generator,
-        zero_grad: frozenset[int] = frozenset(),
-    ) -> None:
-        """`forwarded`: some rank forwards a sample (not all are zero-gradient), decided from
-        the whole batch so that every rank makes the same passes."""
-        if old is None and forwarded and self._actor_updates(shard.total) > 1:
-            old = self._behaviour_logprobs(batch, shard, mbs, metrics)
-        with self._phase(Phase.ACTOR, "actor", metrics):
-            self.phases.require("actor")
-            with self._adapter_dropout(self.actor):
-                update_actor(
-                    self.actor, self.actor_optimizer, self.actor_scheduler, batch, shard,
-                    ActorTargets(advantages, old, ref if self.config.kl_loss_coef > 0 else None),
-                    self.config, generator, metrics, self.batching, zero_grad,
-                )  # fmt: skip
 
     # ---- checkpoints and export -------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import reference_logprobs
+from tracerl.train import steps
 from tracerl.train.batch import TrainSample
 from tracerl.train.trainer import Trainer
 
@@ -187,7 +188,7 @@ def test_kept_uniform_groups_cost_no_compute_and_change_nothing(
     if mini_batches > 1:
         from tracerl.train.forward import all_logprobs
 
-        mbs = full._mbs(batch, list(range(6)))
+        mbs = full.micro_batches(batch, list(range(6)))
         old = all_logprobs(full.actor, mbs, batch.token_ids.numel(), 1.0, torch.device("cpu"))
     generator = torch.Generator().manual_seed(full.config.seed * 1_000_003)
     update_actor(
@@ -384,7 +385,7 @@ def test_one_critic_update_values_the_states_in_its_own_forward(
     fused = make_trainer(algorithm="ppo", token_budget=40, **overrides)
     separate = make_trainer(algorithm="ppo", token_budget=40, **overrides)
     separate.fuse_value_pass = False
-    assert fused._values_in_update() and not separate._values_in_update()
+    assert steps.values_in_update(fused) and not steps.values_in_update(separate)
     assert fused.critic is not None and separate.critic is not None
     calls = {"fused": count_forwards(fused.critic), "separate": count_forwards(separate.critic)}
     before = {"actor": snapshot(fused.actor), "critic": snapshot(fused.critic)}
@@ -412,9 +413,9 @@ def test_several_critic_updates_value_the_states_before_the_first(
     make_trainer: MakeTrainer,
 ) -> None:
     trainer = make_trainer(algorithm="ppo", critic={"epochs": 2})
-    assert not trainer._values_in_update()
+    assert not steps.values_in_update(trainer)
     trainer = make_trainer(algorithm="ppo", critic={"mini_batches": 2})
-    assert not trainer._values_in_update()
+    assert not steps.values_in_update(trainer)
 
 
 @pytest.mark.parametrize(
