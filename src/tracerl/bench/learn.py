@@ -121,7 +121,9 @@ def judge_snapshot(run_dir: Path, task_dir: Path, step: int) -> float:
     return greedy_accuracy(model, tokenizer, read_jsonl(task_dir / "heldout.jsonl"))
 
 
-def run_trl(task_dir: Path, seed: int, minutes: float, eval_every_min: float) -> dict[str, Any]:
+def run_trl(
+    task_dir: Path, seed: int, minutes: float, eval_every_min: float, temperature: float = 1.0
+) -> dict[str, Any]:
     out = task_dir / f"trl-seed{seed}"
     command = [
         sys.executable, "-m", "tracerl.bench.learn_trl",
@@ -129,6 +131,7 @@ def run_trl(task_dir: Path, seed: int, minutes: float, eval_every_min: float) ->
         "--seed", str(seed), "--minutes", str(minutes), "--out", str(out), "--lr", str(LR),
         "--prompts-per-step", str(PROMPTS_PER_STEP), "--group-size", str(GROUP_SIZE),
         "--max-new-tokens", str(DEFAULT_MAX_NEW_TOKENS), "--eval-every-min", str(eval_every_min),
+        "--temperature", str(temperature),
     ]  # fmt: skip
     # its evals are added to its deadline
     wall = learn_agents.run_logged(
@@ -234,6 +237,27 @@ def check_overrides(
             )
 
 
+def sampling_overrides(temperature: float) -> list[str]:
+    """The `tracerl train` overrides that make a run sample at `temperature` (none at 1, the
+    generated configs' own), its log-probs taken at the same temperature."""
+    if temperature == 1.0:
+        return []
+    return [f"trainer.temperature={temperature}", f"env.sampling.temperature={temperature}"]
+
+
+def check_temperature(temperature: float, included: list[dict[str, Any]]) -> None:
+    """Every system samples at `--temperature`; a summary pools runs at one temperature only
+    (runs recorded before the option sampled at 1)."""
+    if temperature <= 0:
+        raise SystemExit(f"bench learn: --temperature must be above 0, got {temperature}")
+    for r in included:
+        if r.get("temperature", 1.0) != temperature:
+            raise SystemExit(
+                f"bench learn: --include run {r['task']}/{r['system']}/seed{r['seed']} sampled "
+                f"at temperature {r.get('temperature', 1.0)}, this summary's is {temperature}"
+            )
+
+
 def main(args: argparse.Namespace) -> int:
     from tracerl.bench.learn_tasks import greedy_accuracy, load_policy
 
@@ -287,7 +311,10 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"bench learn: --seeds 0 summarises earlier runs: the --include work "
                          f"dirs ({len(args.include)} given) hold no runs of "
                          f"{', '.join(tasks + agent_tasks)}")  # fmt: skip
-    overrides: list[str] = getattr(args, "overrides", [])
+    temperature = getattr(args, "temperature", 1.0)
+    check_temperature(temperature, included)
+    # tracerl's runs sample at the temperature through their config; recorded with them
+    overrides: list[str] = [*getattr(args, "overrides", []), *sampling_overrides(temperature)]
     check_overrides(overrides, included, planned)
     start_from = getattr(args, "start_from", None)
     if start_from is not None:
@@ -325,21 +352,21 @@ def main(args: argparse.Namespace) -> int:
         for seed in seeds_run:
             for system in systems:
                 if system == "trl":
-                    result = run_trl(task_dir, seed, args.minutes, args.minutes / 3)
+                    result = run_trl(task_dir, seed, args.minutes, args.minutes / 3, temperature)
                 else:
                     algorithm = system.removeprefix("tracerl-")
                     result = run_tracerl(
                         algorithm, task_dir, seed, args.minutes, args.eval_every, overrides,
                         vllm_python,
                     )  # fmt: skip
-                result.update(task=task, accuracy_before=before)
+                result.update(task=task, accuracy_before=before, temperature=temperature)
                 runs.append(result)
                 print(json.dumps(result), flush=True)
                 write_jsonl(work / "runs.jsonl", runs)
     for task in agent_tasks:
         runs += learn_agents.run_task(
             task, work, systems, seeds_run, args.minutes, args.agent_checkpoint_every,
-            overrides, start_from,
+            overrides, start_from, temperature,
         )  # fmt: skip
     write_jsonl(work / "runs.jsonl", runs)
     plot_learn(work)
@@ -370,6 +397,7 @@ def report(
         minutes=args.minutes, seeds=args.seeds, work_dir=str(work), included=args.include,
         runs_summarised=[f"{task}/{system}/seed{seed}" for task, system, seed in seeds],
         overrides=overrides, start_from=None if start_from is None else str(start_from),
+        temperature=getattr(args, "temperature", 1.0),
     )  # fmt: skip
     print(json.dumps(summary), flush=True)
     return 0

@@ -344,7 +344,9 @@ def run_record(
     }
 
 
-def run_trl(task: str, task_dir: Path, start: Path, seed: int, minutes: float) -> dict[str, Any]:
+def run_trl(
+    task: str, task_dir: Path, start: Path, seed: int, minutes: float, temperature: float = 1.0
+) -> dict[str, Any]:
     """One TRL run from `start` (`learn_trl_agents`), then the judge on each of its snapshots
     (every `minutes / 3` of its budget, and its final weights)."""
     out = task_dir / f"trl-seed{seed}"
@@ -355,7 +357,7 @@ def run_trl(task: str, task_dir: Path, start: Path, seed: int, minutes: float) -
         "--minutes", str(minutes), "--out", str(out), "--lr", str(LR),
         "--prompts-per-step", str(PROMPTS_PER_STEP), "--group-size", str(GROUP_SIZE),
         "--max-turns", str(turns), "--max-tokens-per-turn", str(MAX_TOKENS),
-        "--eval-every-min", str(minutes / 3),
+        "--eval-every-min", str(minutes / 3), "--temperature", str(temperature),
     ]  # fmt: skip
     quiet = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}  # environment_factory's warning
     wall = run_logged(command, task_dir / f"{out.name}.log", minutes * 60 + OVERRUN_S, quiet)
@@ -463,6 +465,7 @@ def run_task(
     every: int,
     overrides: list[str],
     start_from: Path | None = None,
+    temperature: float = 1.0,
 ) -> list[dict[str, Any]]:
     """Prepare `task`'s start checkpoint (or take `start_from`'s, with its task files), then
     every system and seed from it (the tracerl runs with the config `overrides`); one JSON line
@@ -482,10 +485,11 @@ def run_task(
     for seed in seeds:
         for system in systems:
             if system == "trl":
-                result = run_trl(task, task_dir, start, seed, minutes)
+                result = run_trl(task, task_dir, start, seed, minutes, temperature)
             else:
                 result = run_tracerl(task, task_dir, start, system, seed, minutes, every, overrides)
-            result.update(task=task, accuracy_before=before, start=str(start.resolve()))
+            result.update(task=task, accuracy_before=before, start=str(start.resolve()),
+                          temperature=temperature)  # fmt: skip
             runs.append(result)
             print(json.dumps(result), flush=True)
             with (work / "runs.jsonl").open("a") as f:

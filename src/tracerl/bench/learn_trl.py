@@ -87,7 +87,7 @@ def grpo_config(args: argparse.Namespace) -> GRPOConfig:
         gradient_accumulation_steps=1,
         num_generations=args.group_size,
         max_completion_length=args.max_new_tokens,
-        temperature=1.0,
+        temperature=args.temperature,
         loss_type="dapo",
         beta=0.0,
         learning_rate=args.lr,
@@ -256,6 +256,9 @@ def add_arguments(parser: argparse.ArgumentParser, group_size: int, max_new_toke
         help="TRL's max_completion_length (an agentic episode's, tool answers included)",
     )  # fmt: skip
     parser.add_argument("--eval-every-min", type=float, default=5.0, help="budget minutes")
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="rollout sampling temperature"
+    )
     parser.add_argument(
         "--schedule", choices=("constant", "cosine"), default="constant",
         help="the lr schedule; cosine decays to --min-lr-ratio x --lr over --total-steps, "

@@ -423,6 +423,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent-checkpoint-every", type=int, default=3,
         help="learn: tracerl snapshot interval (steps) on the agentic tasks (judged after)",
     )  # fmt: skip
+    bench.add_argument(
+        "--temperature", type=float, default=1.0,
+        help="learn: every system's rollout sampling temperature (tracerl's trainer.temperature "
+        "and env.sampling.temperature, TRL's GRPOConfig.temperature); the judge stays greedy",
+    )  # fmt: skip
     bench.add_argument("--work-dir", help="learn: where runs go (default runs/bench-learn-TIME)")
     bench.set_defaults(func=_cmd_bench)
     return parser

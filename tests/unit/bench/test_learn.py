@@ -265,3 +265,43 @@ def test_seeds_0_summarises_earlier_runs_without_running_any(tmp_path: Path, cap
     assert len((work / "runs.jsonl").read_text().splitlines()) == 6
     assert (work / "learn_curves.png").is_file()
     assert sorted(p.name for p in work.iterdir()) == ["learn_curves.png", "runs.jsonl"]
+
+
+def test_every_system_samples_at_the_temperature_given(tmp_path: Path, capsys) -> None:
+    """`--temperature T` reaches both sides: tracerl's runs as config overrides (trainer and
+    env sampling alike, which a config must take), TRL's as its GRPOConfig's temperature; a
+    summary never pools runs sampled at two temperatures (runs recorded before the option
+    sampled at 1), and the summary line says which it is."""
+    import argparse
+    import json
+
+    from tracerl.bench import learn, learn_trl
+    from tracerl.cli.main import main
+
+    assert learn.sampling_overrides(1.0) == []
+    cooler = learn.sampling_overrides(0.7)
+    assert cooler == ["trainer.temperature=0.7", "env.sampling.temperature=0.7"]
+    learn.check_overrides(cooler, [], {("files", "tracerl-ppo", 0)})  # a config takes them
+    parser = argparse.ArgumentParser()
+    learn_trl.add_arguments(parser, group_size=4, max_new_tokens=64)
+    base = ["--train", "t.jsonl", "--seed", "0", "--minutes", "1", "--out", str(tmp_path)]
+    assert learn_trl.grpo_config(parser.parse_args(base)).temperature == 1.0
+    assert (
+        learn_trl.grpo_config(parser.parse_args([*base, "--temperature", "0.7"])).temperature == 0.7
+    )
+
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    line = {**run("trl", 0, 0.2, 10, task="files"), "accuracy_before": 0.2, "overrides": []}
+    (earlier / "runs.jsonl").write_text(json.dumps(line) + "\n")
+    argv = ["bench", "learn", "--tasks", "files", "--seeds", "0", "--include", str(earlier)]
+    with pytest.raises(
+        SystemExit, match="trl/seed0 sampled at temperature 1.0, this summary's is 0.7"
+    ):
+        main([*argv, "--temperature", "0.7", "--work-dir", str(tmp_path / "w0")])
+    with pytest.raises(SystemExit, match="--temperature must be above 0"):
+        main([*argv, "--temperature", "0", "--work-dir", str(tmp_path / "w1")])
+    assert not (tmp_path / "w0").exists() and not (tmp_path / "w1").exists()
+    (earlier / "runs.jsonl").write_text(json.dumps({**line, "temperature": 0.7}) + "\n")
+    assert main([*argv, "--temperature", "0.7", "--work-dir", str(tmp_path / "w2")]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["temperature"] == 0.7
