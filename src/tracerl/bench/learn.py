@@ -2,8 +2,9 @@
 
 For each task (`hard`: base greedy accuracy <= 2 %, `medium`: 5-30 %; `learn_tasks`) and seed,
 every system trains SmolLM2-135M-Instruct on the same train prompts with the same reward, batch
-(4 prompts x 8 samples), learning rate (constant), sampling (temperature 1, 12 new tokens) and
-budget (`--minutes`, from its process's start: imports and model loading are charged):
+(4 prompts x 8 samples), learning rate (constant), sampling (`--temperature`, default 1; 12
+new tokens) and budget (`--minutes`, from its process's start: imports and model loading are
+charged):
 
 - `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config, as a user runs it, with
   `loop.max_minutes` as the budget, no eval of its own and a snapshot of the actor's weights

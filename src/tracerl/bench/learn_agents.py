@@ -7,7 +7,8 @@ the gateway, a short SFT) and `loop.steps = 0`, so it trains no RL step and eval
 which gives the held-out success before. The cold start is not charged to any system's budget.
 
 Per seed and system, from that checkpoint, with the same prompts, reward, batch (4 prompts x 4
-samples), learning rate (constant), sampling (temperature 1) and budget from process start:
+samples), learning rate (constant), sampling (`--temperature`, default 1) and budget from
+process start:
 - `tracerl-grpo`, `tracerl-ppo`: `tracerl train` on a generated config (`trainer.chat_template =
   "chatml"`, tools in the template's system turn, Hermes calls), no eval in the run, a
   snapshot of its weights every few steps (`loop.snapshot_every`; their writes charged);
