@@ -269,7 +269,7 @@ def test_seeds_0_summarises_earlier_runs_without_running_any(tmp_path: Path, cap
 
 def test_every_system_samples_at_the_temperature_given(tmp_path: Path, capsys) -> None:
     """`--temperature T` reaches both sides: tracerl's runs as config overrides (trainer and
-    env sampling alike, which a config must take), TRL's as its GRPOConfig's temperature; a
+    env sampling alike, which a config must take), TRL's harness as its argument; a
     summary never pools runs sampled at two temperatures (runs recorded before the option
     sampled at 1), and the summary line says which it is."""
     import argparse
@@ -285,10 +285,8 @@ def test_every_system_samples_at_the_temperature_given(tmp_path: Path, capsys) -
     parser = argparse.ArgumentParser()
     learn_trl.add_arguments(parser, group_size=4, max_new_tokens=64)
     base = ["--train", "t.jsonl", "--seed", "0", "--minutes", "1", "--out", str(tmp_path)]
-    assert learn_trl.grpo_config(parser.parse_args(base)).temperature == 1.0
-    assert (
-        learn_trl.grpo_config(parser.parse_args([*base, "--temperature", "0.7"])).temperature == 0.7
-    )
+    assert parser.parse_args(base).temperature == 1.0
+    assert parser.parse_args([*base, "--temperature", "0.7"]).temperature == 0.7
 
     earlier = tmp_path / "earlier"
     earlier.mkdir()
@@ -305,3 +303,18 @@ def test_every_system_samples_at_the_temperature_given(tmp_path: Path, capsys) -
     (earlier / "runs.jsonl").write_text(json.dumps({**line, "temperature": 0.7}) + "\n")
     assert main([*argv, "--temperature", "0.7", "--work-dir", str(tmp_path / "w2")]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["temperature"] == 0.7
+
+
+def test_trl_s_harness_samples_at_the_temperature_given(tmp_path: Path) -> None:
+    """The TRL harness's GRPOConfig takes `--temperature` (needs TRL: `.[bench]`)."""
+    import argparse
+
+    pytest.importorskip("trl")
+    from tracerl.bench import learn_trl
+
+    parser = argparse.ArgumentParser()
+    learn_trl.add_arguments(parser, group_size=4, max_new_tokens=64)
+    base = ["--train", "t.jsonl", "--seed", "0", "--minutes", "1", "--out", str(tmp_path)]
+    assert learn_trl.grpo_config(parser.parse_args(base)).temperature == 1.0
+    cooler_trl = learn_trl.grpo_config(parser.parse_args([*base, "--temperature", "0.7"]))
+    assert cooler_trl.temperature == 0.7
