@@ -246,16 +246,25 @@ def sampling_overrides(temperature: float) -> list[str]:
     return [f"trainer.temperature={temperature}", f"env.sampling.temperature={temperature}"]
 
 
-def check_temperature(temperature: float, included: list[dict[str, Any]]) -> None:
-    """Every system samples at `--temperature`; a summary pools runs at one temperature only
-    (runs recorded before the option sampled at 1)."""
+def check_temperature(
+    temperature: float, included: list[dict[str, Any]], planned: set[tuple[str, str, int]]
+) -> None:
+    """The runs started now sample at `--temperature`; in a summary each system's runs on a task
+    share one temperature (runs recorded before the option sampled at 1), while two systems may
+    each be at their own, as when the baseline runs at its better setting."""
     if temperature <= 0:
         raise SystemExit(f"bench learn: --temperature must be above 0, got {temperature}")
+    first: dict[tuple[str, str], tuple[str, float]] = {
+        (task, system): (f"seed{seed}, run now", temperature) for task, system, seed in planned
+    }
     for r in included:
-        if r.get("temperature", 1.0) != temperature:
+        at = r.get("temperature", 1.0)
+        seen = first.setdefault((r["task"], r["system"]), (f"seed{r['seed']}", at))
+        if seen[1] != at:
             raise SystemExit(
-                f"bench learn: --include run {r['task']}/{r['system']}/seed{r['seed']} sampled "
-                f"at temperature {r.get('temperature', 1.0)}, this summary's is {temperature}"
+                f"bench learn: {r['task']}/{r['system']} sampled at temperature {seen[1]} "
+                f"({seen[0]}) and at {at} (seed{r['seed']}, --include): one system's runs "
+                "in a summary sample at one temperature"
             )
 
 
@@ -313,7 +322,7 @@ def main(args: argparse.Namespace) -> int:
                          f"dirs ({len(args.include)} given) hold no runs of "
                          f"{', '.join(tasks + agent_tasks)}")  # fmt: skip
     temperature = getattr(args, "temperature", 1.0)
-    check_temperature(temperature, included)
+    check_temperature(temperature, included, planned)
     # tracerl's runs sample at the temperature through their config; recorded with them
     overrides: list[str] = [*getattr(args, "overrides", []), *sampling_overrides(temperature)]
     check_overrides(overrides, included, planned)

@@ -397,7 +397,7 @@ def reached_in(reach: dict[int, float | None], minutes: float) -> bool:
 
 def seed_stats(runs: list[dict[str, Any]], name: str) -> dict[str, float]:
     """One system's runs on one task: seeds, `accuracy_after` as NAME_mean / _worst / _best,
-    and the mean steps."""
+    the mean steps and the sampling temperature (one per system, `learn.check_temperature`)."""
     after = [r["accuracy_after"] for r in runs]
     return {
         "seeds": len(runs),
@@ -405,6 +405,7 @@ def seed_stats(runs: list[dict[str, Any]], name: str) -> dict[str, float]:
         f"{name}_worst": min(after),
         f"{name}_best": max(after),
         "steps_mean": statistics.fmean(r["steps"] for r in runs),
+        "temperature": runs[0].get("temperature", 1.0),
     }
 
 

@@ -270,8 +270,8 @@ def test_seeds_0_summarises_earlier_runs_without_running_any(tmp_path: Path, cap
 def test_every_system_samples_at_the_temperature_given(tmp_path: Path, capsys) -> None:
     """`--temperature T` reaches both sides: tracerl's runs as config overrides (trainer and
     env sampling alike, which a config must take), TRL's harness as its argument; a
-    summary never pools runs sampled at two temperatures (runs recorded before the option
-    sampled at 1), and the summary line says which it is."""
+    summary never pools one system's runs sampled at two temperatures (runs recorded before
+    the option sampled at 1), two systems may differ, and the summary says each one's."""
     import argparse
     import json
 
@@ -290,19 +290,33 @@ def test_every_system_samples_at_the_temperature_given(tmp_path: Path, capsys) -
 
     earlier = tmp_path / "earlier"
     earlier.mkdir()
-    line = {**run("trl", 0, 0.2, 10, task="files"), "accuracy_before": 0.2, "overrides": []}
-    (earlier / "runs.jsonl").write_text(json.dumps(line) + "\n")
-    argv = ["bench", "learn", "--tasks", "files", "--seeds", "0", "--include", str(earlier)]
-    with pytest.raises(
-        SystemExit, match="trl/seed0 sampled at temperature 1.0, this summary's is 0.7"
-    ):
-        main([*argv, "--temperature", "0.7", "--work-dir", str(tmp_path / "w0")])
+    trl = {**run("trl", 0, 0.2, 10, task="files"), "accuracy_before": 0.2, "overrides": []}
+    ppo = {**trl, "system": "tracerl-ppo", "accuracy_after": 0.3}
+    lines = [trl, {**trl, "seed": 1, "temperature": 0.7}]  # TRL at 1 (no field), then 0.7
+    (earlier / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    argv = ["bench", "learn", "--tasks", "files", "--include", str(earlier)]
+    with pytest.raises(SystemExit, match=r"files/trl sampled at temperature 1.0 \(seed0\) and "
+                       r"at 0.7 \(seed1, --include\): one system's runs"):  # fmt: skip
+        main([*argv, "--seeds", "0", "--work-dir", str(tmp_path / "w0")])
+    (earlier / "runs.jsonl").write_text(json.dumps(ppo) + "\n")  # PPO at 1 ...
+    with pytest.raises(SystemExit, match=r"tracerl-ppo sampled at temperature 0.7 \(seed1, run "
+                       r"now\) and at 1.0 \(seed0, --include\)"):  # fmt: skip
+        # ... refused before any run starts, beside seeds of its own at 0.7
+        main([*argv, "--systems", "tracerl-ppo", "--seeds", "1", "--first-seed", "1",
+              "--temperature", "0.7", "--work-dir", str(tmp_path / "w1")])  # fmt: skip
     with pytest.raises(SystemExit, match="--temperature must be above 0"):
-        main([*argv, "--temperature", "0", "--work-dir", str(tmp_path / "w1")])
-    assert not (tmp_path / "w0").exists() and not (tmp_path / "w1").exists()
-    (earlier / "runs.jsonl").write_text(json.dumps({**line, "temperature": 0.7}) + "\n")
-    assert main([*argv, "--temperature", "0.7", "--work-dir", str(tmp_path / "w2")]) == 0
-    assert json.loads(capsys.readouterr().out.splitlines()[-1])["temperature"] == 0.7
+        main([*argv, "--seeds", "0", "--temperature", "0", "--work-dir", str(tmp_path / "w2")])
+    assert not any((tmp_path / w).exists() for w in ("w0", "w1", "w2"))
+    # each system at its own temperature: the baseline at its better setting
+    lines = [ppo, {**trl, "temperature": 0.7}]
+    (earlier / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    argv = [*argv, "--seeds", "0", "--temperature", "0.7", "--work-dir", str(tmp_path / "w3")]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    systems = summary["tasks"]["files"]["systems"]
+    assert systems["tracerl-ppo"]["temperature"] == 1.0 and systems["trl"]["temperature"] == 0.7
+    versus = summary["tasks"]["files"]["tracerl-ppo_vs_trl"]
+    assert versus["success_mean_ratio"] == pytest.approx(1.5)
 
 
 def test_trl_s_harness_samples_at_the_temperature_given(tmp_path: Path) -> None:
