@@ -197,14 +197,36 @@ def summarise(runs: list[dict[str, Any]], tasks: list[str], minutes: float) -> d
     return summary
 
 
-def read_included(work_dir: Path, tasks: list[str]) -> list[dict[str, Any]]:
-    """An earlier `bench learn`'s runs of these tasks, to summarise with this one's."""
+def read_included(
+    work_dir: Path, tasks: list[str], systems: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """An earlier `bench learn`'s runs of these tasks (of these systems only, when given), to
+    summarise with this one's."""
     path = work_dir / "runs.jsonl"
     try:  # the dataset reader: errors by file:line, every row checked for what is summarised
         runs = read_jsonl(path, ("task", "system", "seed", "accuracy_after", "steps"))
     except (OSError, ValueError) as e:
         raise SystemExit(f"bench learn: --include {work_dir}: cannot read {path}: {e}") from e
+    if systems is not None:
+        held = sorted({r["system"] for r in runs})
+        missing = [s for s in systems if s not in held]
+        if missing:
+            raise SystemExit(
+                f"bench learn: --include {work_dir}:{','.join(systems)}: {path} holds no runs "
+                f"of {', '.join(missing)} (it holds {', '.join(held) or 'none'})"
+            )
+        runs = [r for r in runs if r["system"] in systems]
     return [r for r in runs if r.get("task") in tasks]
+
+
+def include_spec(spec: str) -> tuple[Path, list[str] | None]:
+    """`--include WORK_DIR` (all its runs) or `WORK_DIR:SYSTEM[,SYSTEM...]` (those systems')."""
+    path, colon, names = spec.partition(":")
+    systems = [s for s in names.split(",") if s]
+    if colon and not systems:
+        raise SystemExit(f"bench learn: --include {spec}: name systems after the ':' "
+                         "(WORK_DIR:SYSTEM[,SYSTEM...]) or leave it out")  # fmt: skip
+    return Path(path), systems or None
 
 
 def check_overrides(
@@ -301,9 +323,10 @@ def main(args: argparse.Namespace) -> int:
         except ImportError:
             raise SystemExit("bench learn: TRL is missing: pip install -e '.[bench]'") from None
     # read before hours of training: a bad path, or a run this one repeats, fails now
-    included = [
-        run for path in args.include for run in read_included(Path(path), tasks + agent_tasks)
-    ]
+    included: list[dict[str, Any]] = []
+    for spec in args.include:
+        work_dir, only = include_spec(spec)
+        included += read_included(work_dir, tasks + agent_tasks, only)
     planned = {
         (task, system, seed)
         for task in tasks + agent_tasks
@@ -324,7 +347,8 @@ def main(args: argparse.Namespace) -> int:
     temperature = getattr(args, "temperature", 1.0)
     check_temperature(temperature, included, planned)
     # tracerl's runs sample at the temperature through their config; recorded with them
-    overrides: list[str] = [*getattr(args, "overrides", []), *sampling_overrides(temperature)]
+    sampling = sampling_overrides(temperature) if args.seeds else []
+    overrides: list[str] = [*getattr(args, "overrides", []), *sampling]
     check_overrides(overrides, included, planned)
     start_from = getattr(args, "start_from", None)
     if start_from is not None:
@@ -407,7 +431,8 @@ def report(
         minutes=args.minutes, seeds=args.seeds, work_dir=str(work), included=args.include,
         runs_summarised=[f"{task}/{system}/seed{seed}" for task, system, seed in seeds],
         overrides=overrides, start_from=None if start_from is None else str(start_from),
-        temperature=getattr(args, "temperature", 1.0),
+        # the runs started now (each system's own is in its stats): none for a summary alone
+        temperature=getattr(args, "temperature", 1.0) if args.seeds else None,
     )  # fmt: skip
     print(json.dumps(summary), flush=True)
     return 0

@@ -403,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="WORK_DIR",
-        help="learn: fold an earlier run's WORK_DIR/runs.jsonl into the summary (repeatable)",
+        help="learn: fold an earlier run's WORK_DIR/runs.jsonl into the summary (repeatable); "
+        "WORK_DIR:SYSTEM[,SYSTEM...] folds those systems' runs only",
     )
     bench.add_argument(
         "--start-from",

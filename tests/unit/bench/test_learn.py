@@ -96,7 +96,10 @@ def test_included_runs_are_checked_before_any_training(tmp_path: Path) -> None:
     earlier = tmp_path / "earlier"
     earlier.mkdir()
     (earlier / "runs.jsonl").write_text(
-        "\n".join(json.dumps(r) for r in [run("tracerl-grpo", 0, 0.6, 90), run("trl", 0, 0.5, 40)])
+        "\n".join(
+            json.dumps({**r, "accuracy_before": 0.1})
+            for r in [run("tracerl-grpo", 0, 0.6, 90), run("trl", 0, 0.5, 40)]
+        )
     )
 
     def args(include: list[str], first_seed: int) -> argparse.Namespace:
@@ -113,6 +116,21 @@ def test_included_runs_are_checked_before_any_training(tmp_path: Path) -> None:
     assert not (tmp_path / "work0").exists() and not (tmp_path / "work1").exists()
     assert [r["seed"] for r in learn.read_included(earlier, ["hard"])] == [0, 0]
     assert learn.read_included(earlier, ["medium"]) == []
+    # WORK_DIR:SYSTEMS takes those systems' runs only; a system it does not hold is refused
+    assert learn.include_spec(f"{earlier}:trl") == (earlier, ["trl"])
+    assert learn.include_spec(str(earlier)) == (earlier, None)
+    assert [r["system"] for r in learn.read_included(earlier, ["hard"], ["trl"])] == ["trl"]
+    from tracerl.cli.main import main
+
+    pooled = tmp_path / "pooled"
+    argv = ["bench", "learn", "--tasks", "hard", "--seeds", "0", "--work-dir", str(pooled)]
+    assert main([*argv, "--include", f"{earlier}:trl"]) == 0
+    assert [json.loads(r)["system"] for r in (pooled / "runs.jsonl").open()] == ["trl"]
+    with pytest.raises(SystemExit, match="holds no runs of tracerl-ppo \\(it holds "
+                       "tracerl-grpo, trl\\)"):  # fmt: skip
+        learn.read_included(earlier, ["hard"], ["trl", "tracerl-ppo"])
+    with pytest.raises(SystemExit, match="name systems after the ':'"):
+        learn.include_spec(f"{earlier}:")
 
 
 def test_the_judge_reads_the_snapshot_a_run_writes(
@@ -315,6 +333,7 @@ def test_every_system_samples_at_the_temperature_given(tmp_path: Path, capsys) -
     summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     systems = summary["tasks"]["files"]["systems"]
     assert systems["tracerl-ppo"]["temperature"] == 1.0 and systems["trl"]["temperature"] == 0.7
+    assert summary["temperature"] is None and summary["overrides"] == []  # it started no run
     versus = summary["tasks"]["files"]["tracerl-ppo_vs_trl"]
     assert versus["success_mean_ratio"] == pytest.approx(1.5)
 
