@@ -360,7 +360,8 @@ def main(args: argparse.Namespace) -> int:
             learn_agents.earlier_start(start_from, task)
     if agent_tasks and args.backend != "local":
         raise SystemExit(
-            "bench learn: the agentic tasks (calculator, guess, files) run --backend local"
+            f"bench learn: the agentic tasks ({', '.join(learn_agents.AGENT_TASKS)}) run "
+            "--backend local"
         )
     vllm_python = None
     if args.backend == "vllm":

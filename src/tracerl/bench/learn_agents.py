@@ -53,7 +53,7 @@ from tracerl.envs.registry import generate_tasks
 from tracerl.run.metrics import read_metrics
 from tracerl.train.export import SNAPSHOTS, list_snapshots, snapshot_path
 
-AGENT_TASKS = ("calculator", "guess", "files")
+AGENT_TASKS = ("calculator", "calculator-long", "guess", "files")
 SIGNAL_SYSTEMS = ("tracerl-grpo-signal", "tracerl-ppo-signal")
 """Systems only the agentic tasks run: tracerl with `dataset.difficulty_by` its field."""
 DIFFICULTY_FIELDS = {"guess": "high", "files": "depth"}
@@ -72,6 +72,8 @@ ENVIRONMENTS: dict[str, str] = {
     # three turns. The cold-started model calls the tool but does not stop (it repeats the last
     # operation), so success depends on learning when to answer.
     "calculator": 'name = "calculator"\nsingle_operation = true\nmax_turns = 3',
+    # The same with a third operation: three dependent calls and an answer, exactly four turns.
+    "calculator-long": 'name = "calculator"\nsingle_operation = true\nmax_turns = 4',
     # Find a number from 1 to 8, 16 or 32; a binary search needs at most 6 guesses.
     "guess": 'name = "guess"\nmax_turns = 6',
     # Find passcode.txt in one of 3 folders and state its passcode: the scripted search takes
@@ -85,6 +87,7 @@ ENVIRONMENTS: dict[str, str] = {
 # turns run out, so what is left to learn is the search's next move.
 COLD_START: dict[str, str] = {
     "calculator": "demonstrations = 16\nsteps = 3\nbatch_size = 8\nlr = 5e-5",
+    "calculator-long": "demonstrations = 16\nsteps = 3\nbatch_size = 8\nlr = 5e-5",
     "guess": "demonstrations = 16\nsteps = 3\nbatch_size = 8\nlr = 5e-5",
     "files": "demonstrations = 16\nsteps = 5\nbatch_size = 8\nlr = 5e-5",
 }
@@ -96,8 +99,8 @@ def write_task_files(task_dir: Path, task: str) -> None:
     hidden numbers)."""
     train = generate_tasks(task, TRAIN_TASKS, 0)
     heldout = generate_tasks(task, HELDOUT_TASKS * 2, 1)
-    if task in ("calculator", "files"):
-        # the calculator's question; a file system's whole task (they share one prompt)
+    if task != "guess":
+        # a calculator's question; a file system's whole task (they share one prompt)
         def key(t: dict[str, Any]) -> str:
             return json.dumps(t if task == "files" else t["prompt"])
 

@@ -1,7 +1,7 @@
 """The TRL baseline of `tracerl bench learn`'s agentic tasks: TRL's `GRPOTrainer` with `tools=`
-(`calculator`) or `environment_factory` (`guess`, `files`), from the start checkpoint, for a
-wall-clock budget; snapshots of the weights along the way for the shared judge;
-`OUTDIR/result.json`.
+(`calculator`, `calculator-long`) or `environment_factory` (`guess`, `files`), from the start
+checkpoint, for a wall-clock budget; snapshots of the weights along the way for the shared
+judge; `OUTDIR/result.json`.
 
 Runs as its own process: the budget starts when `learn_trl` is imported, before torch (as in the
 single-turn baseline), and the periodic snapshots are not charged to it. The environments are
@@ -155,10 +155,12 @@ class TaskSide(NamedTuple):
     """what tracerl's environment appends to the task's prompt"""
 
 
+CALCULATOR = TaskSide(
+    [SINGLE_OPERATION_TOOL], [calculate], final_answer_reward, suffix=f"\n{INSTRUCTION}"
+)
 TASKS: dict[str, TaskSide] = {
-    "calculator": TaskSide(
-        [SINGLE_OPERATION_TOOL], [calculate], final_answer_reward, suffix=f"\n{INSTRUCTION}"
-    ),
+    "calculator": CALCULATOR,
+    "calculator-long": CALCULATOR,  # the same tool, questions of three operations
     "guess": TaskSide([GUESS_TOOL], [GuessGame.guess], guess_reward, GuessGame, "high"),
     "files": TaskSide(
         [LIST_TOOL, READ_TOOL],

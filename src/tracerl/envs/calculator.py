@@ -10,10 +10,11 @@ sent back exactly as the SDK returned them, so the gateway sees each request ext
 and records the whole episode as one trajectory.
 
 Task fields: `prompt` and `answer`. `generate_tasks` makes questions of two operations with
-three-digit products that a small model gets wrong without the tool. With `single_operation`
-the tool computes one operation per call, so a question takes two calls, the second on the
-first's result: credit spread over three model turns (`envs.expression.next_operation` is how
-the scripted policy works it out).
+three-digit products that a small model gets wrong without the tool; `generate_long_tasks`
+(task set `calculator-long`) the same with a third operation. With `single_operation`
+the tool computes one operation per call, so a question takes one call per operation, each on
+the last one's result: credit spread over three (four) model turns
+(`envs.expression.next_operation` is how the scripted policy works it out).
 """
 
 from __future__ import annotations
@@ -57,6 +58,21 @@ def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
             tasks.append({"prompt": f"What is {a} * {b} + {c}?", "answer": a * b + c})
         else:
             tasks.append({"prompt": f"What is ({a} - {c}) * {b}?", "answer": (a - c) * b})
+    return tasks
+
+
+def generate_long_tasks(num_tasks: int, seed: int) -> list[Task]:
+    """Questions of three operations: with `single_operation`, three dependent calls and an
+    answer, so a policy must carry each result into the next call and stop after the third."""
+    rng = random.Random(f"tracerl.calculator-long:{seed}")
+    tasks: list[Task] = []
+    for _ in range(num_tasks):
+        a, b = rng.randint(100, 999), rng.randint(11, 99)
+        c, d = rng.randint(1, 99), rng.randint(1, 99)
+        if rng.random() < 0.5:
+            tasks.append({"prompt": f"What is {a} * {b} + {c} - {d}?", "answer": a * b + c - d})
+        else:
+            tasks.append({"prompt": f"What is ({a} - {c}) * {b} + {d}?", "answer": (a - c) * b + d})
     return tasks
 
 

@@ -44,6 +44,7 @@ TASK_GENERATORS: dict[str, Callable[[int, int], list[Task]]] = {
     "arithmetic": arithmetic.generate_tasks,
     "concise": concise.generate_tasks,
     "calculator": calculator.generate_tasks,
+    "calculator-long": calculator.generate_long_tasks,
     "guess": guess.generate_tasks,
     "files": files.generate_tasks,
 }

@@ -30,7 +30,7 @@ from tracerl.models import load_tokenizer, resolve_model
 from tracerl.train.export import snapshot_path
 
 
-@pytest.mark.parametrize("task", ["calculator", "files"])
+@pytest.mark.parametrize("task", ["calculator", "calculator-long", "files"])
 def test_held_out_tasks_are_never_trained_on(tmp_path: Path, task: str) -> None:
     learn_agents.write_task_files(tmp_path, task)
     train, heldout = (
@@ -40,7 +40,7 @@ def test_held_out_tasks_are_never_trained_on(tmp_path: Path, task: str) -> None:
     assert len(train) == learn_agents.TRAIN_TASKS
     assert len(heldout) == learn_agents.HELDOUT_TASKS
     # a calculator question; a file system (every files task has the same prompt)
-    key = "prompt" if task == "calculator" else "files"
+    key = "files" if task == "files" else "prompt"
     assert not {json.dumps(t[key]) for t in train} & {json.dumps(t[key]) for t in heldout}
 
 
@@ -67,7 +67,9 @@ def test_the_generated_configs_run_the_same_settings(tmp_path: Path, task: str) 
         assert config.eval.sampling.temperature == 0 and config.eval.every == 1
         # the judge's success per difficulty (the range, the search depth; none on the calculator)
         assert config.eval.by == learn_agents.DIFFICULTY_FIELDS.get(task)
-    assert run.env.name == task and getattr(run.env, "single_operation", True)
+    # calculator-long: the calculator's environment, its own questions and one more turn
+    assert run.env.name == task.removesuffix("-long")
+    assert getattr(run.env, "single_operation", True)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +116,7 @@ def test_trl_s_rows_hold_the_prompt_answer_and_state_of_tracerl_s_task(task: str
     rows = dataset_rows(TASKS[task], tasks)
     for task_row, row in zip(tasks, rows, strict=True):
         [message] = row["prompt"]
-        suffix = f"\n{INSTRUCTION}" if task == "calculator" else ""
+        suffix = f"\n{INSTRUCTION}" if task.startswith("calculator") else ""
         assert message == {"role": "user", "content": task_row["prompt"] + suffix}
         assert row["answer"] == task_row["answer"]
         environment = TASKS[task].environment
