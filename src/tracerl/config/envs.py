@@ -271,7 +271,10 @@ class DatasetConfig(Config):
     """The split to use when `path` holds a `datasets.DatasetDict`; with `generate = "env"`,
     the environment's split ("train" for `[dataset]` and "eval" for `[eval_dataset]` when
     unset)."""
-    generate: Literal["arithmetic", "concise", "calculator", "guess", "files", "env"] | None = None
+    generate: (
+        Literal["arithmetic", "concise", "calculator", "calculator-long", "guess", "files", "env"]
+        | None
+    ) = None
     """Generate tasks with this built-in task instead of reading a file; "env" takes them from
     the environment itself (reasoning-gym's generators, a verifiers environment's dataset)."""
     num_tasks: int | None = Field(default=None, ge=1)

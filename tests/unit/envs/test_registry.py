@@ -87,3 +87,10 @@ def test_dataset_config_needs_exactly_one_source() -> None:
 def test_config_module_does_not_import_torch() -> None:
     code = "import sys, tracerl.config.envs; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_task_generator_can_be_named_in_a_dataset() -> None:
+    from tracerl.envs.registry import TASK_GENERATORS
+
+    for name in TASK_GENERATORS:
+        assert DatasetConfig(generate=name).generate == name  # type: ignore[arg-type]
