@@ -147,7 +147,7 @@ async def test_single_operation_calculator_takes_one_operation_per_call(
         TOOL_CALL.format("10063 + 18"),
         "The answer is 10081.",
     )
-    session = await open_session(gw)
+    session = await open_session(gw, seed=7)
     result = await run_episode(env, task, session, timeout_s=30)
     assert (result.reward, result.failed) == (1.0, False)
     assert result.metrics == {
@@ -159,6 +159,9 @@ async def test_single_operation_calculator_takes_one_operation_per_call(
     trace = await gw.trace(session.session_id)
     (traj,) = trace["trajectories"]
     assert traj["turn_indices"] == [0, 1, 2, 3]  # one trajectory over the four turns
+    # a seeded episode's turns draw from seeds of their own, the first the episode's
+    seeds = [turn["request"]["seed"] for turn in trace["turns"]]
+    assert seeds[0] == 7 and len(set(seeds)) == 4
     last = fake.tokenizer.decode(trace["turns"][3]["prompt_ids"])
     assert "one operation per call" in last and "10063" in last and "10081" in last
     assert "one operation on two numbers" in last  # the single-operation tool was offered

@@ -116,6 +116,17 @@ class Environment(Protocol):
     async def run(self, task: Task, session: Session) -> EnvResult: ...
 
 
+def turn_seed(sampling: Mapping[str, Any], turn: int) -> dict[str, Any]:
+    """`sampling` for an episode's model turn `turn` (0 first): a seeded episode's later turns
+    get seeds of their own, derived from its seed. Every request with one seed draws the same
+    random numbers, so an episode that sent its seed with every turn sampled each turn with
+    the same draws: where one turn took an unlikely token, the others tended to as well."""
+    seed = sampling.get("seed")
+    if seed is None or turn == 0:
+        return dict(sampling)
+    return {**sampling, "seed": (int(seed) * 1_000_003 + turn) % 2**62}
+
+
 def sampling_params(defaults: Mapping[str, Any], session: Session) -> dict[str, Any]:
     """The request's sampling fields: the config's defaults (unset ones dropped) under the
     session's overrides."""

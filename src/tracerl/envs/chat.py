@@ -16,7 +16,14 @@ from typing import Any
 import openai
 
 from tracerl.config.envs import ChatEnvConfig
-from tracerl.envs.base import EnvResult, Session, Task, TraceReward, sampling_params
+from tracerl.envs.base import (
+    EnvResult,
+    Session,
+    Task,
+    TraceReward,
+    sampling_params,
+    turn_seed,
+)
 from tracerl.envs.rewards import TextReward, count_words, from_final_text
 
 
@@ -127,7 +134,11 @@ async def play_with_tools(
             if session.demonstration and script is not None:
                 extra = {"demonstration": script(messages)}
             reply = await client.chat.completions.create(
-                model=session.model, messages=messages, tools=tools, extra_body=extra, **sampling
+                model=session.model,
+                messages=messages,
+                tools=tools,
+                extra_body=extra,
+                **turn_seed(sampling, turns),
             )
             turns += 1
             message = reply.choices[0].message

@@ -87,7 +87,9 @@ class Evals:
                     group,
                     env=self.env_name,
                     kind="eval",
-                    payload=Play(self.dataset[index], {**sampling, "seed": seed + k}),
+                    payload=Play(
+                        self.dataset[index], {**sampling, "seed": eval_seed(seed, index, k)}
+                    ),
                 )
                 try:
                     await self.dispatcher.submit(episode)
@@ -126,6 +128,13 @@ class Evals:
             + "".join(f"; {k.removeprefix('eval/accuracy/')}: {v:.3f}" for k, v in by.items()),
             flush=True,
         )
+
+
+def eval_seed(run_seed: int, index: int, sample: int) -> int:
+    """The seed of eval task `index`'s sample `sample`: its own per task and sample (sampled
+    evals drew every task with the same random numbers when all shared `loop.seed + sample`),
+    and the same at every eval, so a curve compares the weights on the same draws."""
+    return run_seed * 1_000_003 + index * 1_009 + sample
 
 
 def accuracy_by(

@@ -36,7 +36,7 @@ from typing import Any
 
 from tracerl.config.envs import OpenEnvEnvConfig
 from tracerl.envs.adapters import missing_extra, seeded_tasks
-from tracerl.envs.base import EnvResult, Session, Task, sampling_params
+from tracerl.envs.base import EnvResult, Session, Task, sampling_params, turn_seed
 from tracerl.envs.chat import openai_client
 
 
@@ -182,7 +182,7 @@ class OpenEnvEnvironment:
                 text = observation_text(dict(result.observation or {}), c.observation_field)
                 messages.append({"role": "user", "content": text})
                 reply = await client.chat.completions.create(
-                    model=session.model, messages=messages, **sampling
+                    model=session.model, messages=messages, **turn_seed(sampling, turns)
                 )
                 turns += 1
                 move = reply.choices[0].message.content or ""

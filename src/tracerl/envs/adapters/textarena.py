@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from tracerl.config.base import ConfigError
 from tracerl.config.envs import TextArenaEnvConfig
 from tracerl.envs.adapters import missing_extra, seeded_tasks
-from tracerl.envs.base import EnvResult, Session, Task, TraceReward, sampling_params
+from tracerl.envs.base import EnvResult, Session, Task, TraceReward, sampling_params, turn_seed
 from tracerl.envs.chat import openai_client
 from tracerl.trace.schema import SessionTrace
 
@@ -148,7 +148,7 @@ class TextArenaEnvironment:
             while not done and turns < c.max_turns:
                 messages.append({"role": "user", "content": game.observe()})
                 reply = await client.chat.completions.create(
-                    model=session.model, messages=messages, **sampling
+                    model=session.model, messages=messages, **turn_seed(sampling, turns)
                 )
                 turns += 1
                 move = reply.choices[0].message.content or ""
