@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from tracerl.config import TrainCommandConfig, load_config
 from tracerl.control.dispatcher import Episode
