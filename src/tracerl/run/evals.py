@@ -21,7 +21,7 @@ from tracerl.control.dispatcher import Dispatcher, DispatcherClosed, Episode
 from tracerl.envs.base import Task
 from tracerl.envs.dataset import TaskDataset
 from tracerl.run.metrics import MetricsLog, Progress, process_elapsed_s
-from tracerl.run.rollouts import Play, Rollout
+from tracerl.run.rollouts import Play, Rollout, episode_seed
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class Evals:
                     env=self.env_name,
                     kind="eval",
                     payload=Play(
-                        self.dataset[index], {**sampling, "seed": eval_seed(seed, index, k)}
+                        self.dataset[index], {**sampling, "seed": episode_seed(seed, index, k)}
                     ),
                 )
                 try:
@@ -128,13 +128,6 @@ class Evals:
             + "".join(f"; {k.removeprefix('eval/accuracy/')}: {v:.3f}" for k, v in by.items()),
             flush=True,
         )
-
-
-def eval_seed(run_seed: int, index: int, sample: int) -> int:
-    """The seed of eval task `index`'s sample `sample`: its own per task and sample (sampled
-    evals drew every task with the same random numbers when all shared `loop.seed + sample`),
-    and the same at every eval, so a curve compares the weights on the same draws."""
-    return run_seed * 1_000_003 + index * 1_009 + sample
 
 
 def accuracy_by(

@@ -64,7 +64,14 @@ from tracerl.run.metrics import (
     release_free_memory,
     run_until,
 )
-from tracerl.run.rollouts import Group, Play, Rollout, dispatch_gauges, rollout_metrics
+from tracerl.run.rollouts import (
+    Group,
+    Play,
+    Rollout,
+    dispatch_gauges,
+    episode_seed,
+    rollout_metrics,
+)
 from tracerl.run.spans import record_step
 from tracerl.run.startup import LoopStartup
 from tracerl.trace.versions import oldest_trainable
@@ -179,7 +186,7 @@ class RLLoop(LoopStartup):
                 if k and self.buffer.cancelled(group):  # shed while it was being submitted
                     self.buffer.never_submitted(group, c.orchestrator.group_size - k)
                     break  # its remaining members would run for nothing
-                seed = c.loop.seed * 1_000_003 + group * 1_009 + k
+                seed = episode_seed(c.loop.seed, group, k)
                 episode = Episode(
                     f"g{group}-{k}",
                     group,

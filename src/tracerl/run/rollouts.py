@@ -187,6 +187,14 @@ class Play:
     sampling: dict[str, Any]
 
 
+def episode_seed(run_seed: int, index: int, sample: int) -> int:
+    """The seed of sample `sample` of task `index` (a training group's, or an eval's task):
+    its own per task and sample, so no two episodes of a run share their draws (sampled evals
+    once all drew `loop.seed + sample`), and the same at every eval, so a curve compares the
+    weights on the same draws. Later turns derive theirs from it (`envs.base.turn_seed`)."""
+    return run_seed * 1_000_003 + index * 1_009 + sample
+
+
 class EpisodeRunner:
     def __init__(
         self,
