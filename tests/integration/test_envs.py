@@ -167,6 +167,23 @@ async def test_single_operation_calculator_takes_one_operation_per_call(
     assert "one operation on two numbers" in last  # the single-operation tool was offered
 
 
+async def test_an_answer_after_more_calls_than_the_task_allows_scores_nothing(
+    fake_engine, make_gateway
+) -> None:
+    """`max_calls` (calculator-mixed): a right answer counts only within the question's calls."""
+    fake, engine = fake_engine
+    gw = await make_gateway(engine)
+    env = make_environment({"name": "calculator", "max_turns": 4, "single_operation": True})
+    task = {"prompt": "What is 347 * 29 + 18?", "answer": 10081, "max_calls": 2}
+    two_calls = [TOOL_CALL.format("347 * 29"), TOOL_CALL.format("10063 + 18")]
+    rewards = []
+    for extra in ([], [TOOL_CALL.format("10063 + 18")]):  # the second repeats its last call
+        fake.say(*two_calls, *extra, "The answer is 10081.")
+        result = await run_episode(env, task, await open_session(gw), timeout_s=30)
+        rewards.append((result.reward, result.metrics["tool_calls"]))
+    assert rewards == [(1.0, 2.0), (0.0, 3.0)]
+
+
 async def test_an_unreachable_gateway_is_a_failed_episode() -> None:
     env = make_environment({"name": "arithmetic", "request_timeout_s": 5})
     session = Session("s", "k", "http://127.0.0.1:9/s/s/v1", "http://127.0.0.1:9/s/s")

@@ -53,10 +53,10 @@ from tracerl.envs.registry import generate_tasks
 from tracerl.run.metrics import read_metrics
 from tracerl.train.export import SNAPSHOTS, list_snapshots, snapshot_path
 
-AGENT_TASKS = ("calculator", "calculator-long", "guess", "files")
+AGENT_TASKS = ("calculator", "calculator-long", "calculator-mixed", "guess", "files")
 SIGNAL_SYSTEMS = ("tracerl-grpo-signal", "tracerl-ppo-signal")
 """Systems only the agentic tasks run: tracerl with `dataset.difficulty_by` its field."""
-DIFFICULTY_FIELDS = {"guess": "high", "files": "depth"}
+DIFFICULTY_FIELDS = {"calculator-mixed": "max_calls", "guess": "high", "files": "depth"}
 """The task field difficulty-aware drawing measures over (`dataset.difficulty_by`)."""
 PROMPTS_PER_STEP, GROUP_SIZE = 4, 4
 LR = 5e-6
@@ -74,6 +74,9 @@ ENVIRONMENTS: dict[str, str] = {
     "calculator": 'name = "calculator"\nsingle_operation = true\nmax_turns = 3',
     # The same with a third operation: three dependent calls and an answer, exactly four turns.
     "calculator-long": 'name = "calculator"\nsingle_operation = true\nmax_turns = 4',
+    # Two or three operations, half each: an answer counts only after as many calls as the
+    # question has operations (`max_calls`), so when to stop depends on the question.
+    "calculator-mixed": 'name = "calculator"\nsingle_operation = true\nmax_turns = 4',
     # Find a number from 1 to 8, 16 or 32; a binary search needs at most 6 guesses.
     "guess": 'name = "guess"\nmax_turns = 6',
     # Find passcode.txt in one of 3 folders and state its passcode: the scripted search takes
@@ -90,6 +93,7 @@ ENVIRONMENTS: dict[str, str] = {
 COLD_START: dict[str, str] = {
     "calculator": "demonstrations = 16\nsteps = 3\nbatch_size = 8\nlr = 5e-5",
     "calculator-long": "demonstrations = 16\nsteps = 4\nbatch_size = 8\nlr = 4.5e-5",
+    "calculator-mixed": "demonstrations = 16\nsteps = 4\nbatch_size = 8\nlr = 4.5e-5",
     "guess": "demonstrations = 16\nsteps = 3\nbatch_size = 8\nlr = 5e-5",
     "files": "demonstrations = 16\nsteps = 5\nbatch_size = 8\nlr = 5e-5",
 }

@@ -1,7 +1,7 @@
 """The TRL baseline of `tracerl bench learn`'s agentic tasks: TRL's `GRPOTrainer` with `tools=`
-(`calculator`, `calculator-long`) or `environment_factory` (`guess`, `files`), from the start
-checkpoint, for a wall-clock budget; snapshots of the weights along the way for the shared
-judge; `OUTDIR/result.json`.
+(`calculator`, `calculator-long`, `calculator-mixed`) or `environment_factory` (`guess`,
+`files`), from the start checkpoint, for a wall-clock budget; snapshots of the weights along
+the way for the shared judge; `OUTDIR/result.json`.
 
 Runs as its own process: the budget starts when `learn_trl` is imported, before torch (as in the
 single-turn baseline), and the periodic snapshots are not charged to it. The environments are
@@ -19,7 +19,8 @@ episode.
   qwen3_template`), which reads the Hermes `<tool_call>` blocks `chatml` writes; TRL recognises
   no template of its own for chatml. Tool answers are masked out of the loss by TRL.
 - Rewards: `calculator` and `files`, the exact answer of a last reply that calls no tool (an
-  episode whose turns ran out still calling scores 0, as in tracerl); `guess`, 1 once a guess
+  episode whose turns ran out still calling scores 0, as in tracerl), on `calculator-mixed`
+  only within the question's `max_calls` tool calls (as in tracerl); `guess`, 1 once a guess
   found the number or the last reply states it. Unlike tracerl's environment, TRL cannot end an
   episode from a tool, so after a correct guess the model takes one more turn (not scored).
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tracerl.bench import learn_trl  # the first heavy import: its STARTED_AT starts the budget
-from tracerl.envs.calculator import INSTRUCTION, SINGLE_OPERATION_TOOL, run_tool
+from tracerl.envs.calculator import INSTRUCTION, SINGLE_OPERATION_TOOL, over_calls, run_tool
 from tracerl.envs.dataset import read_jsonl
 from tracerl.envs.files import LIST_TOOL, READ_TOOL, answer_call
 from tracerl.envs.guess import GUESS_TOOL, answer_guess
@@ -125,6 +126,18 @@ def final_answer_reward(
     return out
 
 
+def calls_answer_reward(
+    completions: list[list[dict[str, Any]]], answer: list[int], max_calls: list[int], **_: Any
+) -> list[float | None]:
+    """`final_answer_reward`, and 0 after more tool calls than the task's `max_calls`."""
+    out = final_answer_reward(completions, answer)
+    for i, (messages, limit) in enumerate(zip(completions, max_calls, strict=True)):
+        calls = sum(len(m.get("tool_calls") or []) for m in messages if m["role"] == "assistant")
+        if over_calls({"max_calls": limit}, calls):
+            out[i] = 0.0
+    return out
+
+
 def guess_reward(
     completions: list[list[dict[str, Any]]],
     answer: list[int],
@@ -149,8 +162,9 @@ class TaskSide(NamedTuple):
     reward: Callable[..., list[float | None]]
     environment: type | None = None
     """the `environment_factory` class (None: `tools=` the functions, stateless)"""
-    state: str | None = None
-    """the task field the environment's `reset` reads"""
+    columns: tuple[str, ...] = ()
+    """the task fields TRL's dataset carries besides the answer: what the environment's
+    `reset` reads, what the reward reads"""
     suffix: str = ""
     """what tracerl's environment appends to the task's prompt"""
 
@@ -161,13 +175,15 @@ CALCULATOR = TaskSide(
 TASKS: dict[str, TaskSide] = {
     "calculator": CALCULATOR,
     "calculator-long": CALCULATOR,  # the same tool, questions of three operations
-    "guess": TaskSide([GUESS_TOOL], [GuessGame.guess], guess_reward, GuessGame, "high"),
+    # two or three operations, an answer scored only within the question's number of calls
+    "calculator-mixed": CALCULATOR._replace(reward=calls_answer_reward, columns=("max_calls",)),
+    "guess": TaskSide([GUESS_TOOL], [GuessGame.guess], guess_reward, GuessGame, ("high",)),
     "files": TaskSide(
         [LIST_TOOL, READ_TOOL],
         [FileSystem.list_files, FileSystem.read_file],
         final_answer_reward,
         FileSystem,
-        "files",
+        ("files",),
     ),
 }
 
@@ -192,12 +208,12 @@ def check_same_prompt(tokenizer: Any, task: str, first_prompt: list[dict[str, st
 
 def dataset_rows(side: TaskSide, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """TRL's dataset: per task, the user message tracerl's environment sends, the answer the
-    reward reads, and the field the environment's `reset` reads."""
+    reward reads, and the side's other `columns`."""
     return [
         {
             "prompt": [{"role": "user", "content": f"{t['prompt']}{side.suffix}"}],
             "answer": t["answer"],
-            **({side.state: t[side.state]} if side.state else {}),
+            **{column: t[column] for column in side.columns},
         }
         for t in tasks
     ]

@@ -272,7 +272,16 @@ class DatasetConfig(Config):
     the environment's split ("train" for `[dataset]` and "eval" for `[eval_dataset]` when
     unset)."""
     generate: (
-        Literal["arithmetic", "concise", "calculator", "calculator-long", "guess", "files", "env"]
+        Literal[
+            "arithmetic",
+            "concise",
+            "calculator",
+            "calculator-long",
+            "calculator-mixed",
+            "guess",
+            "files",
+            "env",
+        ]
         | None
     ) = None
     """Generate tasks with this built-in task instead of reading a file; "env" takes them from

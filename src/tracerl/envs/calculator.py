@@ -9,9 +9,11 @@ until `max_turns` model turns, which scores 0. The assistant messages are
 sent back exactly as the SDK returned them, so the gateway sees each request extend the last one
 and records the whole episode as one trajectory.
 
-Task fields: `prompt` and `answer`. `generate_tasks` makes questions of two operations with
-three-digit products that a small model gets wrong without the tool; `generate_long_tasks`
-(task set `calculator-long`) the same with a third operation. With `single_operation`
+Task fields: `prompt` and `answer`, and optionally `max_calls`: an episode that made more tool
+calls than that scores 0 whatever it answers. `generate_tasks` makes questions of two operations
+with three-digit products that a small model gets wrong without the tool; `generate_long_tasks`
+(task set `calculator-long`) the same with a third operation; `generate_mixed_tasks`
+(`calculator-mixed`) either, with `max_calls` their number of operations. With `single_operation`
 the tool computes one operation per call, so a question takes one call per operation, each on
 the last one's result: credit spread over three (four) model turns
 (`envs.expression.next_operation` is how the scripted policy works it out).
@@ -49,30 +51,41 @@ INSTRUCTION = "Use the calculate tool for arithmetic, then state the final answe
 ONE_OPERATION_ERROR = "error: one operation per call, for example 347 * 29"
 
 
+def _question(rng: random.Random, operations: int) -> Task:
+    """A question of two or three operations on a three-digit number, in one of two forms."""
+    a, b, c = rng.randint(100, 999), rng.randint(11, 99), rng.randint(1, 99)
+    if operations == 2:
+        if rng.random() < 0.5:
+            return {"prompt": f"What is {a} * {b} + {c}?", "answer": a * b + c}
+        return {"prompt": f"What is ({a} - {c}) * {b}?", "answer": (a - c) * b}
+    d = rng.randint(1, 99)
+    if rng.random() < 0.5:
+        return {"prompt": f"What is {a} * {b} + {c} - {d}?", "answer": a * b + c - d}
+    return {"prompt": f"What is ({a} - {c}) * {b} + {d}?", "answer": (a - c) * b + d}
+
+
 def generate_tasks(num_tasks: int, seed: int) -> list[Task]:
     rng = random.Random(f"tracerl.calculator:{seed}")
-    tasks: list[Task] = []
-    for _ in range(num_tasks):
-        a, b, c = rng.randint(100, 999), rng.randint(11, 99), rng.randint(1, 99)
-        if rng.random() < 0.5:
-            tasks.append({"prompt": f"What is {a} * {b} + {c}?", "answer": a * b + c})
-        else:
-            tasks.append({"prompt": f"What is ({a} - {c}) * {b}?", "answer": (a - c) * b})
-    return tasks
+    return [_question(rng, 2) for _ in range(num_tasks)]
 
 
 def generate_long_tasks(num_tasks: int, seed: int) -> list[Task]:
     """Questions of three operations: with `single_operation`, three dependent calls and an
     answer, so a policy must carry each result into the next call and stop after the third."""
     rng = random.Random(f"tracerl.calculator-long:{seed}")
+    return [_question(rng, 3) for _ in range(num_tasks)]
+
+
+def generate_mixed_tasks(num_tasks: int, seed: int) -> list[Task]:
+    """Questions of two or three operations, half each, with `max_calls` their number of
+    operations: with `single_operation` an answer counts only after exactly as many calls as
+    the question has operations, so when to stop depends on the question (a third call on a
+    two-operation question that repeats the second would otherwise still end right)."""
+    rng = random.Random(f"tracerl.calculator-mixed:{seed}")
     tasks: list[Task] = []
     for _ in range(num_tasks):
-        a, b = rng.randint(100, 999), rng.randint(11, 99)
-        c, d = rng.randint(1, 99), rng.randint(1, 99)
-        if rng.random() < 0.5:
-            tasks.append({"prompt": f"What is {a} * {b} + {c} - {d}?", "answer": a * b + c - d})
-        else:
-            tasks.append({"prompt": f"What is ({a} - {c}) * {b} + {d}?", "answer": (a - c) * b + d})
+        operations = rng.choice((2, 3))
+        tasks.append({**_question(rng, operations), "max_calls": operations})
     return tasks
 
 
@@ -144,12 +157,18 @@ class CalculatorEnvironment:
         )
         calls, errors = counts["calls"], counts["errors"]
         metrics = _metrics(play.turns, calls, errors, play.turn_limit)
-        if play.final_text is None:
+        if play.final_text is None or over_calls(task, calls):
             return EnvResult(0.0, metrics)
         reward = exact_answer_reward(task, play.final_text)
         if reward == 0.0 and calls > errors:  # shaping for small models
             reward = c.tool_use_reward
         return EnvResult(reward, metrics)
+
+
+def over_calls(task: Task, calls: int) -> bool:
+    """Whether an episode made more tool calls than the task's `max_calls`, if it has one: its
+    answer then scores 0, right or not (no shaping either)."""
+    return "max_calls" in task and calls > int(task["max_calls"])
 
 
 def _metrics(turns: int, tool_calls: int, tool_errors: int, turn_limit: bool) -> dict[str, float]:

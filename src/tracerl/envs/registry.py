@@ -45,6 +45,7 @@ TASK_GENERATORS: dict[str, Callable[[int, int], list[Task]]] = {
     "concise": concise.generate_tasks,
     "calculator": calculator.generate_tasks,
     "calculator-long": calculator.generate_long_tasks,
+    "calculator-mixed": calculator.generate_mixed_tasks,
     "guess": guess.generate_tasks,
     "files": files.generate_tasks,
 }

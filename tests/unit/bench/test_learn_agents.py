@@ -17,6 +17,7 @@ from tracerl.bench.learn_trl_agents import (
     FileSystem,
     GuessGame,
     calculate,
+    calls_answer_reward,
     check_same_prompt,
     dataset_rows,
     final_answer_reward,
@@ -67,8 +68,8 @@ def test_the_generated_configs_run_the_same_settings(tmp_path: Path, task: str) 
         assert config.eval.sampling.temperature == 0 and config.eval.every == 1
         # the judge's success per difficulty (the range, the search depth; none on the calculator)
         assert config.eval.by == learn_agents.DIFFICULTY_FIELDS.get(task)
-    # calculator-long: the calculator's environment, its own questions and one more turn
-    assert run.env.name == task.removesuffix("-long")
+    # calculator-long, -mixed: the calculator's environment, its own questions, one more turn
+    assert run.env.name == task.split("-")[0]
     assert getattr(run.env, "single_operation", True)
 
 
@@ -119,13 +120,15 @@ def test_trl_s_rows_hold_the_prompt_answer_and_state_of_tracerl_s_task(task: str
         suffix = f"\n{INSTRUCTION}" if task.startswith("calculator") else ""
         assert message == {"role": "user", "content": task_row["prompt"] + suffix}
         assert row["answer"] == task_row["answer"]
+        columns = TASKS[task].columns
+        assert set(row) == {"prompt", "answer", *columns}
+        assert all(row[column] == task_row[column] for column in columns)
         environment = TASKS[task].environment
         if environment is None:  # stateless tools: nothing to reset
-            assert set(row) == {"prompt", "answer"}
             continue
         env = environment()
         env.reset(**{k: v for k, v in row.items() if k != "prompt"})
-        assert env.task[TASKS[task].state] == task_row[TASKS[task].state]
+        assert all(env.task[column] == task_row[column] for column in columns)
 
 
 def test_trl_tools_answer_as_tracerl_s_environments_do() -> None:
@@ -158,6 +161,10 @@ def test_trl_rewards_score_the_last_reply_as_tracerl_does() -> None:
     wrong = [call, tool, {"role": "assistant", "content": "The answer is 10063."}]
     ran_out = [call, tool, call]  # still calling when the turns ran out
     assert final_answer_reward([answered, wrong, ran_out], [10081] * 3) == [1.0, 0.0, 0.0]
+    # calculator-mixed: right only within the question's calls (one call per assistant message)
+    twice = [call, tool, call, tool, answered[-1]]
+    scored = calls_answer_reward([answered, twice, twice, wrong], [10081] * 4, [1, 1, 2, 2])
+    assert scored == [1.0, 0.0, 1.0, 0.0]
     found, lost = GuessGame(), GuessGame()
     for game in (found, lost):
         game.reset(answer=5, high=8)
@@ -354,8 +361,8 @@ def test_a_signal_system_refuses_a_task_without_a_difficulty_field(tmp_path: Pat
         ["bench", "learn", "--tasks", "guess,calculator", "--systems", "tracerl-grpo-signal",
          "--work-dir", str(tmp_path / "w")]
     )  # fmt: skip
-    with pytest.raises(SystemExit, match="needs tasks with a difficulty field .guess: high, "
-                       "files: depth.; calculator has none"):  # fmt: skip
+    with pytest.raises(SystemExit, match="needs tasks with a difficulty field .calculator-mixed: "
+                       "max_calls, guess: high, files: depth.; calculator has none"):  # fmt: skip
         learn.main(args)
     assert not (tmp_path / "w").exists()
 
