@@ -95,16 +95,30 @@ def grpo_config(args: argparse.Namespace) -> GRPOConfig:
         **schedule,
         seed=args.seed,
         use_cpu=True,
-        # TRL's own defaults, its fastest configuration here (measured, docs/benchmarks.md): bf16
-        # autocast over the float32 weights, and activation checkpointing. With bf16 off and
-        # checkpointing off (this harness before), a step took 22-28 s; with both on, 15 s.
-        bf16=args.precision == "bf16",
+        # TRL's own defaults, its fastest configuration on a CPU with bf16 arithmetic (measured,
+        # docs/benchmarks.md): bf16 autocast over the float32 weights, and activation
+        # checkpointing. With bf16 off and checkpointing off (this harness before), a step took
+        # 22-28 s; with both on, 15 s. Where the CPU lacks it, bf16 is emulated and slower.
+        bf16=precision(args.precision) == "bf16",
         activation_checkpointing=args.checkpointing,
         save_strategy="no",
         report_to="none",
         logging_steps=1,
         disable_tqdm=True,
     )
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes in bf16 itself (AVX512-BF16 or AMX): without either, torch
+    emulates it, and a bf16 matmul here (AVX2 only) took 7x a float32 one."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def precision(asked: str) -> str:
+    """`--precision`: "auto" is bf16 where the CPU computes it natively, float32 elsewhere."""
+    if asked == "auto":
+        return "bf16" if native_bf16() else "fp32"
+    return asked
 
 
 class BudgetCallback(TrainerCallback):
@@ -239,6 +253,7 @@ def run(
         "step_times_s": [round(s, 3) for s in budget.step_times_s],
         "load_s": round(budget.load_s, 3),
         "eval_s": round(budget.eval_s, 3),
+        "precision": precision(args.precision),
     }
 
 
@@ -270,8 +285,9 @@ def add_arguments(parser: argparse.ArgumentParser, group_size: int, max_new_toke
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
     parser.add_argument(
-        "--precision", choices=("bf16", "fp32"), default="bf16",
-        help="bf16: TRL's default autocast over float32 weights; fp32: none",
+        "--precision", choices=("auto", "bf16", "fp32"), default="auto",
+        help="bf16: TRL's default autocast over float32 weights; fp32: none; auto (default): "
+        "bf16 where the CPU computes bf16 natively (AVX512-BF16, AMX), else fp32",
     )  # fmt: skip
     parser.add_argument(
         "--checkpointing", action=argparse.BooleanOptionalAction, default=True,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -351,3 +352,24 @@ def test_trl_s_harness_samples_at_the_temperature_given(tmp_path: Path) -> None:
     assert learn_trl.grpo_config(parser.parse_args(base)).temperature == 1.0
     cooler_trl = learn_trl.grpo_config(parser.parse_args([*base, "--temperature", "0.7"]))
     assert cooler_trl.temperature == 0.7
+
+
+def test_trl_s_harness_autocasts_to_bf16_only_where_the_cpu_computes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--precision auto` (the default): bf16 autocast where the CPU has bf16 arithmetic, float32
+    where torch would emulate it (7x slower per matmul on an AVX2-only CPU)."""
+    import argparse
+
+    from tracerl.bench import learn_trl
+
+    parser = argparse.ArgumentParser()
+    learn_trl.add_arguments(parser, group_size=4, max_new_tokens=64)
+    base = ["--train", "t.jsonl", "--seed", "0", "--minutes", "1", "--out", str(tmp_path)]
+    assert parser.parse_args(base).precision == "auto"
+    for native, chosen in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(learn_trl, "native_bf16", lambda native=native: native)
+        assert learn_trl.precision("auto") == chosen
+        assert learn_trl.precision("bf16") == "bf16" and learn_trl.precision("fp32") == "fp32"
+        if importlib.util.find_spec("trl") is not None:
+            assert learn_trl.grpo_config(parser.parse_args(base)).bf16 is native
