@@ -78,9 +78,9 @@ def generate_long_tasks(num_tasks: int, seed: int) -> list[Task]:
 
 def generate_mixed_tasks(num_tasks: int, seed: int) -> list[Task]:
     """Questions of two or three operations, half each, with `max_calls` their number of
-    operations: with `single_operation` an answer counts only after exactly as many calls as
-    the question has operations, so when to stop depends on the question (a third call on a
-    two-operation question that repeats the second would otherwise still end right)."""
+    operations: with `single_operation` (one call per operation) an answer counts only after
+    no more calls than the question needs, so when to stop depends on the question (a third
+    call on a two-operation question that repeats the second would otherwise still end right)."""
     rng = random.Random(f"tracerl.calculator-mixed:{seed}")
     tasks: list[Task] = []
     for _ in range(num_tasks):
