@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -434,6 +435,21 @@ def report(
         overrides=overrides, start_from=None if start_from is None else str(start_from),
         # the runs started now (each system's own is in its stats): none for a summary alone
         temperature=getattr(args, "temperature", 1.0) if args.seeds else None,
+        machine=machine() if args.seeds else None,
     )  # fmt: skip
     print(json.dumps(summary), flush=True)
     return 0
+
+
+def machine() -> dict[str, Any]:
+    """The CPU the runs started now ran on: step times and budgets compare only on one machine
+    (a CPU without bf16 arithmetic ran these benchmarks 3-10x slower than one with it)."""
+    from tracerl.bench.learn_trl import native_bf16
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), None)
+    return {"cpu": name or platform.processor() or platform.machine(), "cores": os.cpu_count(),
+            "native_bf16": native_bf16()}  # fmt: skip

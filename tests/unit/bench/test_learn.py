@@ -335,6 +335,7 @@ def test_every_system_samples_at_the_temperature_given(tmp_path: Path, capsys) -
     systems = summary["tasks"]["files"]["systems"]
     assert systems["tracerl-ppo"]["temperature"] == 1.0 and systems["trl"]["temperature"] == 0.7
     assert summary["temperature"] is None and summary["overrides"] == []  # it started no run
+    assert summary["machine"] is None  # nor ran on any machine
     versus = summary["tasks"]["files"]["tracerl-ppo_vs_trl"]
     assert versus["success_mean_ratio"] == pytest.approx(1.5)
 
@@ -373,3 +374,16 @@ def test_trl_s_harness_autocasts_to_bf16_only_where_the_cpu_computes_it(
         assert learn_trl.precision("bf16") == "bf16" and learn_trl.precision("fp32") == "fp32"
         if importlib.util.find_spec("trl") is not None:
             assert learn_trl.grpo_config(parser.parse_args(base)).bf16 is native
+
+
+def test_a_run_s_summary_names_the_machine_it_ran_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step times compare only on one machine: the summary line of runs started now says the
+    CPU, its cores and whether it computes bf16 natively."""
+    import os
+
+    from tracerl.bench import learn, learn_trl
+
+    monkeypatch.setattr(learn_trl, "native_bf16", lambda: True)
+    found = learn.machine()
+    assert found["cores"] == os.cpu_count() and found["native_bf16"] is True
+    assert isinstance(found["cpu"], str) and found["cpu"]
